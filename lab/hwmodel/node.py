@@ -1,0 +1,193 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""A built lab machine, answering from its CURRENT registers.
+
+Stand-ins (nvidia-smi, NVML, all_reduce_perf, the vLLM server) ask a `Node` what the hardware
+does now: which bridges peer traffic between two GPUs crosses, whether any of them redirects it
+(read from the config files on every call, so a `setpci` by a role is seen by the next
+measurement), how each link trained.  This reader is deliberately independent of the
+collection's own decoder (plugins/module_utils/_pci.py): the lab must not share the bugs of the
+code it tests.  It knows where it put each register, because it put them there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+from . import tree as B
+from .profiles import CMPLT_REDIR, EGRESS_CTRL, REQ_REDIR
+
+REDIRECT_BITS = REQ_REDIR | CMPLT_REDIR | EGRESS_CTRL
+ROOT_ENV = "GPUFLEET_LAB_ROOT"
+
+
+class Device:
+    """One PCI function of the node, with live register reads."""
+
+    def __init__(self, node, rec):
+        self._node = node
+        self.rec = rec
+        self.bdf = rec["bdf"]
+        self.kind = rec["kind"]
+        self.role = rec["role"]
+        self.parent = rec["parent"]
+        self.numa_node = rec["numa_node"]
+        self.host_bridge = rec["host_bridge"]
+        self.gen_max = rec["gen_max"]
+        self.width_max = rec["width_max"]
+        self.name = rec.get("name", "")
+        self.index = rec.get("index")
+
+    def __repr__(self):
+        return f"<{self.kind} {self.bdf}>"
+
+    @property
+    def config_path(self):
+        return self._node.sysfs / "devices" / self.bdf / "config"
+
+    def _read(self, offset, size=2):
+        with open(self.config_path, "rb") as f:
+            f.seek(offset)
+            raw = f.read(size)
+        return int.from_bytes(raw, "little")
+
+    @property
+    def acs_ctl(self):
+        """Current ACS Control register, or None for a function without ACS."""
+        return None if self.rec["acs_cap"] is None else self._read(B.ACS_ECAP + 6)
+
+    @property
+    def link_status(self):
+        return self._read(B.PCIE_CAP + 0x12)
+
+    @property
+    def gen_current(self):
+        return self.link_status & 0xF
+
+    @property
+    def width_current(self):
+        return (self.link_status >> 4) & 0x3F
+
+    @property
+    def driver(self):
+        link = self._node.sysfs / "devices" / self.bdf / "driver"
+        return os.path.basename(os.readlink(link)) if link.is_symlink() else None
+
+
+class Gpu(Device):
+    def __init__(self, node, rec):
+        super().__init__(node, rec)
+        self.uuid = rec["uuid"]
+        self.serial = rec["serial"]
+        self.memory_total_mib = rec["memory_total_mib"]
+        self.nvlinks = rec["nvlinks"]
+        self.cpu_affinity = rec["cpu_affinity"]
+
+
+class Node:
+    """A lab machine laid out by `build()` under `root`."""
+
+    def __init__(self, root, data):
+        self.root = Path(root)
+        self.sysfs = self.root / "sys" / "bus" / "pci"
+        self.data = data
+        self.profile = data
+        self.name = data["profile"]
+        self.fault = data.get("fault", {})
+        self.devices = {}
+        for rec in data["devices"]:
+            cls = Gpu if rec["kind"] == "gpu" else Device
+            self.devices[rec["bdf"]] = cls(self, rec)
+        self.gpus = sorted((d for d in self.devices.values() if d.kind == "gpu"), key=lambda d: d.index)
+        self.nics = sorted((d for d in self.devices.values() if d.kind == "nic"), key=lambda d: d.index)
+        self.bridges = [d for d in self.devices.values() if d.kind == "bridge"]
+
+    @classmethod
+    def load(cls, root=None):
+        root = root or os.environ.get(ROOT_ENV)
+        if not root:
+            raise RuntimeError(f"no lab machine: set {ROOT_ENV} to the directory hw.build() wrote")
+        path = Path(root) / B.NODE_FILE
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise RuntimeError(f"{path} is missing: {root} is not a lab machine") from None
+        return cls(root, data)
+
+    # --- topology (from the model) -------------------------------------------------------------
+    def chain(self, bdf):
+        """Bridges above a device, nearest first."""
+        out, parent = [], self.devices[bdf].parent
+        while parent:
+            out.append(parent)
+            parent = self.devices[parent].parent
+        return out
+
+    def _gpu(self, i):
+        return self.gpus[i]
+
+    def path_bridges(self, i, j):
+        """BDFs of the bridges that peer traffic between GPU i and GPU j crosses."""
+        if i == j:
+            return []
+        a, b = self.chain(self._gpu(i).bdf), self.chain(self._gpu(j).bdf)
+        common = set(a) & set(b)
+        return [x for x in a if x not in common] + [x for x in reversed(b) if x not in common]
+
+    def pcie_link_type(self, i, j):
+        """nvidia-smi's PCIe path class between two GPUs, ignoring NVLink."""
+        if i == j:
+            return "X"
+        gi, gj = self._gpu(i), self._gpu(j)
+        if gi.numa_node != gj.numa_node:
+            return "SYS"
+        if gi.host_bridge != gj.host_bridge:
+            return "NODE"
+        a, b = self.chain(gi.bdf), self.chain(gj.bdf)
+        common = [x for x in a if x in b]
+        if not common:
+            return "PHB"
+        lowest = self.devices[common[0]]
+        # Both below the same switch's downstream ports: one switch crossed.
+        return "PIX" if lowest.role == "upstream" else "PXB"
+
+    def link_type(self, i, j):
+        if i == j:
+            return "X"
+        nv = min(self._gpu(i).nvlinks, self._gpu(j).nvlinks)
+        return f"NV{nv}" if nv else self.pcie_link_type(i, j)
+
+    # --- live state (from the current registers) ------------------------------------------------
+    def redirecting_bridges(self, i, j):
+        """Bridges between GPU i and j whose ACS Control redirects peer traffic right now."""
+        return [b for b in self.path_bridges(i, j)
+                if (self.devices[b].acs_ctl or 0) & REDIRECT_BITS]
+
+    def redirected(self, i, j):
+        return bool(self.redirecting_bridges(i, j))
+
+    def p2p_status(self, i, j, mode):
+        """nvidia-smi topo -p2p status: mode is read|write|nvlink|atomics|pcie (or r w n a p)."""
+        mode = {"r": "read", "w": "write", "n": "nvlink", "a": "atomics", "p": "pcie"}.get(mode, mode)
+        if i == j:
+            return "X"
+        nvlink = min(self._gpu(i).nvlinks, self._gpu(j).nvlinks) > 0
+        if mode == "nvlink":
+            return "OK" if nvlink else "NS"
+        if nvlink and mode != "pcie":
+            return "OK"
+        if self._gpu(i).driver != "nvidia" or self._gpu(j).driver != "nvidia":
+            return "NS"
+        if self.pcie_link_type(i, j) == "SYS" and not self.data["interconnect"]["p2p_across_sockets"]:
+            return "CNS"
+        if self.redirected(i, j):
+            return "CNS"
+        if mode == "atomics":
+            return "NS"
+        return "OK"
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def reset_firmware(self):
+        """Power cycle: every register back to what firmware and the kernel leave at boot."""
+        B.write_config_spaces(self.root, self.data)

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The test command: set up, then ansible-lint (production profile), ansible-test sanity and
+# pytest (unit, integration, and the vLLM-parser check of every rendered config).
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+bash scripts/setup.sh || exit 1
+export PATH="$repo/.venv/bin:$PATH" ANSIBLE_CONFIG="$repo/ansible.cfg"
+failed=()
+if [[ -x tests/vllm_parser/setup.sh ]]; then
+  bash tests/vllm_parser/setup.sh || failed+=("vllm-parser venv")
+fi
+echo "== ansible-lint (production profile)"
+ansible-lint --profile production --nocolor || failed+=(ansible-lint)
+echo "== ansible-test sanity"
+bash tests/sanity/run.sh || failed+=("ansible-test sanity")
+echo "== pytest"
+python -m pytest -p no:cacheprovider "$@" || failed+=(pytest)
+if ((${#failed[@]})); then
+  echo "FAILED: ${failed[*]}" >&2
+  exit 1
+fi

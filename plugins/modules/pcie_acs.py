@@ -1,0 +1,408 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: pcie_acs
+short_description: Clear (or set) PCIe ACS redirect on the bridges between GPUs, through setpci
+version_added: 0.1.0
+description:
+  - Computes the target ACS Control value of every ACS-capable port in a scope and writes the
+    ports that differ with the real C(setpci), as a masked write of C(ECAP_ACS+0x6.w), so only
+    the chosen bits change.
+  - Reads every register back after its write and stops at the first port that does not hold
+    the value, reporting exactly which ports were changed, which were already right, which
+    failed and which were not attempted.
+  - By default it clears ReqRedir, CmpltRedir and EgressCtrl (the bits that send GPU peer
+    traffic up to the root complex, as NCCL's troubleshooting guide and the kernel's
+    C(pci=disable_acs_redir=) do) on the bridges crossed by GPU-GPU and GPU-RDMA-NIC peer
+    traffic, and nowhere else.
+  - Refuses to weaken isolation of a device bound to C(vfio-pci) (a device in scope, in the
+    IOMMU group of a port in scope, or one whose peer traffic a port in scope routes) unless
+    O(force=true).
+  - The change lasts until reboot (the kernel enables ACS again at boot). The module returns
+    what a boot unit needs (RV(persist)) and the equivalent kernel parameter (RV(kernel_param)).
+author:
+  - gpufleet.node developers (@gpufleet)
+options:
+  sysfs_path:
+    description:
+      - The sysfs PCI tree, with the meaning of pciutils' C(-O sysfs.path=). When it is not the
+        default, C(setpci) is run with C(-O sysfs.path=<sysfs_path>) as well.
+    type: path
+    default: /sys/bus/pci
+  state:
+    description:
+      - V(cleared) turns the bits in O(bits) off; V(set) turns them on (only on ports whose ACS
+        Capability has them).
+    type: str
+    choices: [cleared, set]
+    default: cleared
+  bits:
+    description:
+      - The ACS Control bits to change, by their lspci names.
+    type: list
+    elements: str
+    choices: [SrcValid, TransBlk, ReqRedir, CmpltRedir, UpstreamFwd, EgressCtrl, DirectTrans]
+    default: [ReqRedir, CmpltRedir, EgressCtrl]
+  scope:
+    description:
+      - V(gpu_paths) is the ACS-capable bridges crossed by peer traffic between two GPUs or
+        between a GPU and an RDMA NIC (GPUDirect RDMA).
+      - V(devices) is the ports listed in O(devices).
+      - V(all_bridges) is every ACS-capable bridge in the tree.
+    type: str
+    choices: [gpu_paths, devices, all_bridges]
+    default: gpu_paths
+  devices:
+    description:
+      - PCI addresses (C([domain:]bus:device.function)) of the ports to change.
+        Required with O(scope=devices), not allowed otherwise.
+    type: list
+    elements: str
+  force:
+    description:
+      - Change ports even where a device bound to C(vfio-pci) would lose its isolation.
+    type: bool
+    default: false
+attributes:
+  check_mode:
+    support: full
+    description: Reports what would change; runs no C(setpci).
+  diff_mode:
+    support: full
+    description: Per-port ACS Control before and after, decoded as lspci prints it.
+requirements:
+  - C(setpci) from pciutils (Debian/Ubuntu package C(pciutils)), run as root.
+notes:
+  - Under kernel lockdown (Secure Boot) the kernel refuses config-space writes from user space;
+    the module then fails and says so. Use the kernel parameter RV(kernel_param) instead.
+  - IOMMU groups are formed at boot; after a change at run time the groups the kernel reports
+    are stale until the next boot.
+seealso:
+  - module: gpufleet.node.pcie_acs_info
+  - module: gpufleet.node.iommu_info
+  - name: NCCL troubleshooting, PCI Access Control Services
+    description: NVIDIA's guidance on disabling ACS redirect for GPU peer-to-peer traffic.
+    link: https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html#pci-access-control-services-acs
+"""
+
+EXAMPLES = r"""
+- name: Clear ACS redirect on the bridges between the GPUs (and GPUDirect NICs)
+  become: true
+  gpufleet.node.pcie_acs:
+  register: acs_fix
+
+- name: Show the kernel parameter that makes it permanent
+  ansible.builtin.debug:
+    var: acs_fix.kernel_param
+
+- name: Clear redirect on two named switch ports only
+  become: true
+  gpufleet.node.pcie_acs:
+    scope: devices
+    devices:
+      - "0000:42:00.0"
+      - "0000:42:01.0"
+
+- name: Put ACS redirect back on every bridge (for example before handing GPUs to VMs)
+  become: true
+  gpufleet.node.pcie_acs:
+    scope: all_bridges
+    state: set
+    bits: [SrcValid, ReqRedir, CmpltRedir, UpstreamFwd]
+"""
+
+RETURN = r"""
+ports:
+  description: Every port in scope, in the order they were handled.
+  returned: success or failure after scanning the tree
+  type: list
+  elements: dict
+  contains:
+    bdf:
+      description: PCI address.
+      type: str
+      sample: "0000:42:00.0"
+    acs_ctl_before:
+      description: ACS Control before.
+      type: int
+      sample: 29
+    acs_ctl_after:
+      description: ACS Control after (the target in check mode; the value read back otherwise).
+      type: int
+      sample: 17
+    changed:
+      description: Whether the port was (or in check mode would be) written.
+      type: bool
+changed_ports:
+  description: Ports written and verified by read-back (in check mode, the ports that would be).
+  returned: always
+  type: list
+  elements: str
+  sample: ["0000:42:00.0", "0000:42:01.0"]
+unchanged_ports:
+  description: Ports in scope that already held the target value.
+  returned: always
+  type: list
+  elements: str
+not_attempted_ports:
+  description: Ports that needed a write but were not reached because an earlier one failed.
+  returned: always
+  type: list
+  elements: str
+failed_port:
+  description: The port whose write failed or did not read back, or null.
+  returned: always
+  type: str
+  sample: null
+mask:
+  description: The ACS Control mask written (the bits of O(bits)).
+  returned: success
+  type: str
+  sample: "002c"
+persist:
+  description: For every port in scope, the masked setpci write that puts it in the target state,
+    for a boot unit (C(setpci -s <bdf> <setpci_arg>)).
+  returned: success
+  type: list
+  elements: dict
+  contains:
+    bdf:
+      description: PCI address.
+      type: str
+    value:
+      description: Value written, 4 hex digits.
+      type: str
+      sample: "0000"
+    mask:
+      description: Mask written, 4 hex digits.
+      type: str
+      sample: "002c"
+    setpci_arg:
+      description: The register argument for setpci.
+      type: str
+      sample: "ECAP_ACS+0x6.w=0000:002c"
+kernel_param:
+  description: The kernel parameter that clears the same redirect bits at every boot
+    (C(pci=disable_acs_redir=<bdf>;<bdf>...)); empty unless O(state=cleared) with the default
+    O(bits) and at least one port in scope.
+  returned: success
+  type: str
+  sample: "pci=disable_acs_redir=0000:42:00.0;0000:42:01.0"
+vfio_conflicts:
+  description: Devices bound to vfio-pci whose isolation the change would weaken.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    bdf:
+      description: The vfio-pci bound device.
+      type: str
+    driver:
+      description: Its driver.
+      type: str
+    port:
+      description: The port in scope that exposes it.
+      type: str
+    reason:
+      description: Why it is exposed.
+      type: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.node.plugins.module_utils._pci import (
+    ACS_FLAG_NAMES,
+    ACS_REDIRECT_NAMES,
+    DEFAULT_SYSFS_PATH,
+    PciError,
+    PciTopology,
+    acs_bits_mask,
+    format_acs,
+    kernel_param,
+    normalize_bdf,
+    plan_acs_write,
+    read_acs_ctl,
+    setpci_args,
+)
+
+LOCKDOWN_TEXT = 'Operation not permitted'
+
+
+def _scope_ports(module, topo, scope, devices):
+    if scope == 'devices':
+        ports = []
+        for bdf in devices:
+            if bdf not in topo.devices:
+                module.fail_json(
+                    msg='PCI device %s is not present under %s/devices; check the address with '
+                        '`lspci -D` (or the sysfs_path)' % (bdf, topo.sysfs_path),
+                    changed=False, failed_port=bdf)
+            if topo.devices[bdf].config.acs is None:
+                module.fail_json(
+                    msg='PCI device %s has no ACS extended capability; there is nothing to change '
+                        'on it (list the ports above it instead, see pcie_acs_info)' % bdf,
+                    changed=False, failed_port=bdf)
+            if bdf not in ports:
+                ports.append(bdf)
+        return ports
+    if scope == 'all_bridges':
+        return topo.acs_bridges()
+    candidates = topo.peer_path_bridges()
+    return sorted(bdf for bdf in candidates if topo.devices[bdf].config.acs is not None)
+
+
+def _diff_line(bdf, value):
+    return '%s ACSCtl 0x%04x: %s\n' % (bdf, value, format_acs(value))
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            sysfs_path=dict(type='path', default=DEFAULT_SYSFS_PATH),
+            state=dict(type='str', choices=['cleared', 'set'], default='cleared'),
+            bits=dict(type='list', elements='str', choices=list(ACS_FLAG_NAMES),
+                      default=list(ACS_REDIRECT_NAMES)),
+            scope=dict(type='str', choices=['gpu_paths', 'devices', 'all_bridges'], default='gpu_paths'),
+            devices=dict(type='list', elements='str'),
+            force=dict(type='bool', default=False),
+        ),
+        required_if=[('scope', 'devices', ['devices'])],
+        supports_check_mode=True,
+    )
+    params = module.params
+    sysfs_path = params['sysfs_path']
+    state = params['state']
+    scope = params['scope']
+    result = dict(changed=False, ports=[], changed_ports=[], unchanged_ports=[],
+                  not_attempted_ports=[], failed_port=None, vfio_conflicts=[])
+
+    if params['devices'] and scope != 'devices':
+        module.fail_json(msg='devices is only used with scope=devices (scope is %s)' % scope, **result)
+    devices = []
+    for text in params['devices'] or []:
+        try:
+            devices.append(normalize_bdf(text))
+        except ValueError as exc:
+            module.fail_json(msg=str(exc), **result)
+    if not params['bits']:
+        module.fail_json(msg='bits is empty: name at least one ACS Control bit', **result)
+    mask = acs_bits_mask(params['bits'])
+
+    try:
+        topo = PciTopology.scan(sysfs_path)
+    except PciError as exc:
+        module.fail_json(msg=str(exc), **result)
+
+    plan = []
+    for bdf in _scope_ports(module, topo, scope, devices):
+        acs = topo.devices[bdf].config.acs
+        if acs['quirk']:
+            module.warn('%s: skipped, its ACS Control register is not at the standard offset (%s quirk)'
+                        % (bdf, acs['quirk']))
+            continue
+        port_mask = mask if state == 'cleared' else mask & acs['cap']
+        target = plan_acs_write(acs['ctl'], port_mask, state)
+        plan.append((bdf, acs, port_mask, target))
+
+    to_write = [entry for entry in plan if entry[3] != entry[1]['ctl']]
+    if state == 'cleared' and to_write:
+        conflicts = topo.vfio_conflicts([entry[0] for entry in to_write])
+        result['vfio_conflicts'] = conflicts
+        if conflicts and not params['force']:
+            module.fail_json(
+                msg='refusing to clear ACS on %s: %s bound to vfio-pci would lose the isolation VMs '
+                    'rely on (%s); narrow the scope (scope: devices) to ports that route no '
+                    'passed-through device, or set force: true'
+                    % (', '.join(sorted(set(c['port'] for c in conflicts))),
+                       ', '.join(sorted(set(c['bdf'] for c in conflicts))),
+                       '; '.join('%s: %s' % (c['bdf'], c['reason']) for c in conflicts)),
+                **result)
+        if conflicts:
+            module.warn('force: clearing ACS although %s is bound to vfio-pci'
+                        % ', '.join(sorted(set(c['bdf'] for c in conflicts))))
+
+    result['mask'] = '%04x' % mask
+    result['persist'] = [
+        {'bdf': bdf, 'value': '%04x' % (target & port_mask), 'mask': '%04x' % port_mask,
+         'setpci_arg': 'ECAP_ACS+0x6.w=%04x:%04x' % (target & port_mask, port_mask)}
+        for bdf, _acs, port_mask, target in plan]
+    default_bits = set(params['bits']) == set(ACS_REDIRECT_NAMES)
+    result['kernel_param'] = kernel_param([e[0] for e in plan]) if state == 'cleared' and default_bits else ''
+    result['unchanged_ports'] = [e[0] for e in plan if e[3] == e[1]['ctl']]
+
+    before = ''.join(_diff_line(bdf, acs['ctl']) for bdf, acs, _m, _t in plan)
+    after = ''.join(_diff_line(bdf, target) for bdf, _a, _m, target in plan)
+    if module._diff:
+        result['diff'] = dict(before=before, after=after,
+                              before_header='ACS Control (%s)' % sysfs_path,
+                              after_header='ACS Control (%s)' % sysfs_path)
+
+    ports = [{'bdf': bdf, 'acs_ctl_before': acs['ctl'], 'acs_ctl_after': acs['ctl'], 'changed': False}
+             for bdf, acs, _m, _t in plan]
+    index = dict((p['bdf'], p) for p in ports)
+    result['ports'] = ports
+
+    if not to_write:
+        module.exit_json(**result)
+
+    if module.check_mode:
+        for bdf, _acs, _mask, target in to_write:
+            index[bdf].update(acs_ctl_after=target, changed=True)
+        result.update(changed=True, changed_ports=[e[0] for e in to_write])
+        module.exit_json(**result)
+
+    setpci = module.get_bin_path('setpci')
+    if setpci is None:
+        module.fail_json(
+            msg='setpci was not found (searched PATH and the sbin directories); install the '
+                'Debian/Ubuntu package pciutils (apt-get install pciutils)', **result)
+
+    pending = [e[0] for e in to_write]
+    for bdf, acs, port_mask, target in to_write:
+        pending.remove(bdf)
+        argv = [setpci] + setpci_args(bdf, target, port_mask, sysfs_path)
+        rc, out, err = module.run_command(argv, environ_update={'LC_ALL': 'C'})
+        result['not_attempted_ports'] = list(pending)
+        if LOCKDOWN_TEXT in err or LOCKDOWN_TEXT in out:
+            result['failed_port'] = bdf
+            module.fail_json(
+                msg='the kernel refused the write to ACS Control of %s (%s): kernel lockdown '
+                    '(Secure Boot) forbids PCI config-space writes from user space. Nothing after '
+                    'it was written. Disable lockdown/Secure Boot, or use the kernel parameter %s '
+                    'and reboot' % (bdf, err.strip() or out.strip(), kernel_param([e[0] for e in plan])
+                                    or 'pci=disable_acs_redir=<bdf>;...'),
+                rc=rc, stdout=out, stderr=err, cmd=argv, **result)
+        if rc != 0:
+            result['failed_port'] = bdf
+            module.fail_json(msg='setpci failed on %s with rc %d: %s' % (bdf, rc, err.strip() or out.strip()),
+                             rc=rc, stdout=out, stderr=err, cmd=argv, **result)
+        try:
+            now = read_acs_ctl(sysfs_path, bdf, acs['offset'])
+        except (OSError, PciError) as exc:
+            result['failed_port'] = bdf
+            module.fail_json(msg='could not read back ACS Control of %s after the write: %s' % (bdf, exc),
+                             stdout=out, stderr=err, cmd=argv, **result)
+        index[bdf]['acs_ctl_after'] = now
+        if now != target:
+            result['failed_port'] = bdf
+            result['changed'] = bool(result['changed_ports'])
+            module.fail_json(
+                msg='ACS Control of %s reads back 0x%04x after writing 0x%04x (mask 0x%04x); the '
+                    'port did not take the value, so no further port was written. Changed so far: %s'
+                    % (bdf, now, target, port_mask, ', '.join(result['changed_ports']) or 'none'),
+                stdout=out, stderr=err, cmd=argv, **result)
+        index[bdf]['changed'] = True
+        result['changed_ports'].append(bdf)
+        result['changed'] = True
+
+    module.exit_json(**result)
+
+
+if __name__ == '__main__':
+    main()

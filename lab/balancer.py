@@ -1,0 +1,160 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The lab's load balancer: a real HAProxy on the host's loopback, run as a plain daemon.
+
+Its configuration, PID file and admin runtime socket live in the state directory.  The vLLM
+pool is the backend ``vllm_pool``, empty at start: the registration role adds servers with the
+runtime API (``add server vllm_pool/NODE ADDR:PORT check`` then ``enable server``, ``enable
+health``) and may also write them into the configuration file so a restart keeps the pool.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from .preflight import LabError
+
+BACKEND = "vllm_pool"
+
+CONFIG = """\
+# HAProxy for the gpufleet lab, written by `python -m lab up` (lab/balancer.py).
+# The registration role manages the servers of backend {backend}: at runtime through the
+# admin socket, and (optionally) below the marker line so that a restart keeps the pool.
+global
+    stats socket {socket} mode 600 level admin
+    stats timeout 30s
+    pidfile {pidfile}
+
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 60s
+    timeout server 600s
+    timeout check 2s
+
+frontend vllm
+    bind 127.0.0.1:{port}
+    default_backend {backend}
+
+listen stats
+    bind 127.0.0.1:{stats_port}
+    stats enable
+    stats uri /
+    stats refresh 5s
+
+backend {backend}
+    balance leastconn
+    option httpchk GET /health
+    http-check expect status 200
+    default-server inter 2s fall 2 rise 1
+    # servers (managed by gpufleet.node.lb_registration) below this line
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Balancer:
+    def __init__(self, fleet, spec):
+        self.fleet = fleet
+        self.spec = spec
+        self.config = Path(spec["config"])
+        self.socket = Path(spec["socket"])
+        self.pidfile = Path(spec["pidfile"])
+
+    @staticmethod
+    def describe(state):
+        return {
+            "config": str(state / "haproxy.cfg"),
+            "socket": str(state / "haproxy.sock"),
+            "pidfile": str(state / "haproxy.pid"),
+            "backend": BACKEND,
+            "frontend_port": free_port(),
+            "stats_port": free_port(),
+            "address": "127.0.0.1",
+        }
+
+    def write_config(self):
+        self.config.write_text(CONFIG.format(socket=self.socket, pidfile=self.pidfile,
+                                             port=self.spec["frontend_port"],
+                                             stats_port=self.spec["stats_port"], backend=BACKEND))
+
+    def pid(self):
+        try:
+            pid = int(self.pidfile.read_text().split()[0])
+            with open(f"/proc/{pid}/comm") as f:
+                comm = f.read().strip()
+            with open(f"/proc/{pid}/stat") as f:
+                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except (FileNotFoundError, ValueError, IndexError, ProcessLookupError):
+            return None
+        return pid if comm == "haproxy" and not zombie else None
+
+    def start(self, timeout=10.0):
+        if self.pid():
+            raise LabError(f"the lab's HAProxy is already running (PID {self.pid()})")
+        haproxy = self.fleet.progs["haproxy"]
+        check = subprocess.run([haproxy, "-c", "-q", "-f", str(self.config)],
+                               capture_output=True, text=True, check=False)
+        if check.returncode:
+            raise LabError(f"HAProxy refuses {self.config}: {(check.stderr or check.stdout).strip()}")
+        self.socket.unlink(missing_ok=True)
+        cgroup = self.fleet.cgroup / "balancer"
+        cgroup.mkdir(parents=True, exist_ok=True)
+        procs_file = str(cgroup / "cgroup.procs")
+
+        def join_cgroup():  # so that `down` finds it even if the PID file is lost
+            with open(procs_file, "w") as f:
+                f.write("0\n")
+
+        proc = subprocess.run([haproxy, "-D", "-f", str(self.config)], capture_output=True,
+                              text=True, check=False, stdin=subprocess.DEVNULL, cwd="/",
+                              preexec_fn=join_cgroup)
+        if proc.returncode:
+            raise LabError(f"HAProxy did not start ({proc.returncode}): "
+                           f"{(proc.stderr or proc.stdout).strip()}")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.pid() and self.socket.exists():
+                try:
+                    self.command("show info")
+                    return
+                except OSError:
+                    pass
+            time.sleep(0.05)
+        raise LabError(f"HAProxy started but its runtime socket {self.socket} does not answer")
+
+    def stop(self, timeout=10.0):
+        pid = self.pid()
+        if pid:
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while self.pid() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if self.pid():
+                os.kill(pid, signal.SIGKILL)
+        self.socket.unlink(missing_ok=True)
+        self.pidfile.unlink(missing_ok=True)
+
+    def command(self, line):
+        """One runtime API command over the admin socket; returns HAProxy's answer."""
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(5)
+            s.connect(str(self.socket))
+            s.sendall(line.encode() + b"\n")
+            chunks = []
+            while True:
+                data = s.recv(65536)
+                if not data:
+                    break
+                chunks.append(data)
+        return b"".join(chunks).decode()
+
+    def state(self):
+        return "running" if self.pid() else "stopped"

@@ -1,0 +1,103 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""`python -m lab <verb>`: bring the simulated fleet up, look at it, reboot nodes, take it down."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .fleet import DEFAULT_INVENTORY, DEFAULT_PROFILES, STATE_ENV, Fleet
+from .preflight import LabError
+
+
+def _profiles(text):
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def parser():
+    p = argparse.ArgumentParser(
+        prog="python -m lab",
+        description="The gpufleet lab: simulated GPU nodes (systemd, sshd, a sysfs PCI tree and "
+                    "stand-ins per node) and a real HAProxy, for the playbooks to run against.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--state-dir", metavar="DIR", default=argparse.SUPPRESS,
+                        help=f"where the lab keeps everything (default ${STATE_ENV} or <repo>/.lab-state)")
+    p.add_argument("--state-dir", metavar="DIR", default=None, help=argparse.SUPPRESS)
+    real_sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    class _Sub:  # every verb takes --state-dir too
+        @staticmethod
+        def add_parser(name, **kw):
+            return real_sub.add_parser(name, parents=[common], **kw)
+
+    sub = _Sub()
+    up = sub.add_parser("up", help="bring the fleet and the balancer up, write the inventory")
+    up.add_argument("--nodes", type=int, metavar="N",
+                    help="how many nodes (cycling the profile list; default: one per profile)")
+    up.add_argument("--profiles", type=_profiles, metavar="P1,P2,...",
+                    help=f"node profiles (default {','.join(DEFAULT_PROFILES)})")
+    up.add_argument("--inventory", metavar="FILE", help="write the inventory here instead")
+    up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the nodes' sshd")
+    sub.add_parser("down", help="stop everything and remove what `up` made")
+    rb = sub.add_parser("reboot", help="power-cycle a node: firmware defaults, empty /run, boot")
+    rb.add_argument("node")
+    st = sub.add_parser("stop", help="power a node off (until `start`)")
+    st.add_argument("node")
+    sa = sub.add_parser("start", help="power a stopped node on")
+    sa.add_argument("node")
+    bal = sub.add_parser("balancer", help="stop, start or restart the lab's HAProxy")
+    bal.add_argument("action", choices=("stop", "start", "restart"))
+    status = sub.add_parser("status", help="nodes and balancer")
+    status.add_argument("--json", action="store_true", help="machine-readable")
+    inv = sub.add_parser("inventory", help=f"write the Ansible inventory ({DEFAULT_INVENTORY.relative_to(DEFAULT_INVENTORY.parents[2])})")
+    inv.add_argument("--output", metavar="FILE", help="write it here instead")
+    return p
+
+
+def _print_status(st):
+    if not st["nodes"]:
+        print(f"lab: down (state directory {st['state_dir']})")
+        return
+    print(f"lab at {st['state_dir']} (subnet {st['subnet']})")
+    print(f"  {'NODE':<8} {'ADDRESS':<15} {'PROFILE':<18} {'STATE':<12} REGISTER")
+    for n in st["nodes"]:
+        print(f"  {n['name']:<8} {n['address']:<15} {n['profile']:<18} {n['state']:<12} "
+              f"{'yes' if n['expect_registered'] else 'no (must stay out)'}")
+    b = st["balancer"]
+    print(f"  balancer: HAProxy {b['state']}, frontend {b['frontend']}, backend {b['backend']}, "
+          f"runtime socket {b['runtime_socket']}")
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    fleet = Fleet(args.state_dir)
+    try:
+        if args.verb == "up":
+            fleet.up(nodes=args.nodes, profiles=args.profiles, inventory=args.inventory,
+                     timeout=args.timeout)
+        elif args.verb == "down":
+            fleet.down()
+        elif args.verb == "reboot":
+            fleet.reboot(args.node)
+        elif args.verb == "stop":
+            fleet.stop_node(args.node)
+        elif args.verb == "start":
+            fleet.start_node(args.node)
+        elif args.verb == "balancer":
+            fleet.balancer_ctl(args.action)
+        elif args.verb == "status":
+            st = fleet.status()
+            if args.json:
+                json.dump(st, sys.stdout, indent=1)
+                print()
+            else:
+                _print_status(st)
+        elif args.verb == "inventory":
+            print(fleet.write_inventory(args.output))
+    except LabError as exc:
+        print(f"lab {args.verb}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"lab {args.verb}: interrupted; run `python -m lab down` to clean up", file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,398 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The lab fleet: nodes, the balancer, the state directory that holds all of them.
+
+Everything the lab makes lives in its state directory (default ``<repo>/.lab-state``, or
+``$GPUFLEET_LAB_STATE``), except what the kernel keeps for a running lab: the nodes' processes,
+namespaces and mounts (gone when a node's PID 1 dies), one veth per node on the host
+(``glab-<tag>-<n>``, gone with the node's network namespace), one cgroup per node under
+``<cgroup2>/gpufleet-lab-<tag>/``, the HAProxy daemon, and ``inventories/lab/hosts.yml``.
+``down`` removes all of those.
+
+    <state>/lab.json        the fleet: nodes (name, profile, addresses), balancer, network
+    <state>/lock            flock'd by every command that changes the fleet
+    <state>/ssh/id_ed25519  the key Ansible logs in with (root on every node)
+    <state>/haproxy.*       the balancer's config, PID file and admin socket
+    <state>/nodes/<name>/   one node (see lab.machine)
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import lab.hwmodel as hw
+
+from . import preflight
+from .balancer import Balancer
+from .machine import HW_IN_NODE, SSH_PORT, Machine, remove_cgroup
+from .preflight import LabError
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_STATE = REPO / ".lab-state"
+STATE_ENV = "GPUFLEET_LAB_STATE"
+DEFAULT_INVENTORY = REPO / "inventories" / "lab" / "hosts.yml"
+DEFAULT_PROFILES = ("l40s-4x-switch", "l40s-4x-switch", "h100-sxm-8x", "l40s-x8-degraded")
+NETWORK = ipaddress.ip_network("10.213.0.0/16")  # one /24 per lab, one /30 per node
+BOOT_TIMEOUT = 60.0
+# What `up` makes in the state directory; `down` removes exactly these (and keeps `lock`).
+MADE = ("lab.json", "lab.tmp", "ssh", "nodes", "haproxy.cfg", "haproxy.pid", "haproxy.sock", "hosts.yml")
+
+
+def state_dir(path=None):
+    return Path(path or os.environ.get(STATE_ENV) or DEFAULT_STATE).resolve()
+
+
+def plan(nodes=None, profiles=None):
+    """[(name, profile)] for `--nodes N` and `--profiles a,b,...` (each cycles the profile list)."""
+    profiles = list(profiles) if profiles else list(DEFAULT_PROFILES)
+    unknown = [p for p in profiles if p not in hw.PROFILES]
+    if unknown:
+        raise LabError(f"unknown profile(s) {', '.join(unknown)}; known: {', '.join(sorted(hw.PROFILES))}")
+    count = len(profiles) if nodes is None else nodes
+    if not 1 <= count <= 63:
+        raise LabError(f"--nodes must be between 1 and 63, not {count}")
+    return [(f"node{i + 1}", profiles[i % len(profiles)]) for i in range(count)]
+
+
+class Fleet:
+    def __init__(self, state=None):
+        self.state = state_dir(state)
+        self.tag = hashlib.sha256(str(self.state).encode()).hexdigest()[:6]
+        self.file = self.state / "lab.json"
+        self._progs = None
+
+    # --- plumbing -------------------------------------------------------------------------------
+    @property
+    def progs(self):
+        if self._progs is None:
+            self._progs = preflight.programs()
+        return self._progs
+
+    @property
+    def cgroup(self):
+        """The lab's cgroup: one child per node (the cgroup namespace's root) and `balancer`."""
+        return Path(preflight.cgroup2_mount()) / f"gpufleet-lab-{self.tag}"
+
+    @property
+    def key(self):
+        return self.state / "ssh" / "id_ed25519"
+
+    def public_key(self):
+        return Path(str(self.key) + ".pub").read_text()
+
+    def data(self):
+        try:
+            return json.loads(self.file.read_text())
+        except FileNotFoundError:
+            return None
+
+    def _save(self, data):
+        tmp = self.file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.replace(self.file)
+
+    def machines(self, data=None):
+        data = data or self.data() or {"nodes": []}
+        return [Machine(self, spec) for spec in data["nodes"]]
+
+    def machine(self, name):
+        for m in self.machines():
+            if m.name == name:
+                return m
+        names = ", ".join(m.name for m in self.machines()) or "none: the lab is down"
+        raise LabError(f"no node {name!r} in the lab at {self.state} (nodes: {names})")
+
+    def balancer(self, data=None):
+        data = data or self.data()
+        return Balancer(self, data["balancer"]) if data and data.get("balancer") else None
+
+    @contextmanager
+    def locked(self, verb):
+        self.state.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.state / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+                raise LabError(f"another lab command is running on {self.state} ({holder or 'busy'}); "
+                               f"wait for it to finish, then run `lab {verb}` again") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"lab {verb}, PID {os.getpid()}\n".encode(), 0)
+            yield
+        finally:
+            os.close(fd)
+
+    def running(self):
+        """Names of the nodes still running, plus 'balancer' if HAProxy is."""
+        data = self.data()
+        if not data:
+            try:
+                cgroup = self.cgroup
+            except LabError:
+                return []
+            left = any(p.read_text().strip() for p in cgroup.rglob("cgroup.procs")) if cgroup.exists() else False
+            return [f"processes in {cgroup}, records lost"] if left else []
+        alive = [m.name for m in self.machines(data) if m.pid()]
+        bal = self.balancer(data)
+        if bal and bal.pid():
+            alive.append("balancer")
+        return alive
+
+    def _subnet(self):
+        used = subprocess.run([self.progs["ip"], "-4", "-o", "addr", "show"], capture_output=True,
+                              text=True, check=True).stdout
+        taken = set()
+        for line in used.splitlines():
+            addr = ipaddress.ip_interface(line.split()[3])
+            taken.add(addr.network)
+        # Start where this state directory's tag points, so labs brought up at the same moment
+        # from different state directories (parallel test runs) do not pick the same /24.
+        nets = list(NETWORK.subnets(new_prefix=24))
+        start = int(self.tag, 16) % len(nets)
+        for net in nets[start:] + nets[:start]:
+            if not any(net.overlaps(t) for t in taken):
+                return net
+        raise LabError(f"no free /24 left in {NETWORK} on this host for the lab's node links")
+
+    def _node_spec(self, index, name, profile, subnet):
+        link = list(subnet.subnets(new_prefix=30))[index]
+        gateway, address = list(link.hosts())
+        return {"name": name, "profile": profile, "index": index,
+                "address": str(address), "gateway": str(gateway), "prefix": 30,
+                "ssh_port": SSH_PORT, "veth": f"glab-{self.tag[:4]}-{index + 1}",
+                "expect_registered": bool(hw.PROFILES[profile].get("expect_registered", True))}
+
+    # --- verbs ----------------------------------------------------------------------------------
+    def up(self, nodes=None, profiles=None, inventory=None, timeout=BOOT_TIMEOUT, log=print):
+        preflight.require_root()
+        wanted = plan(nodes, profiles)
+        self._progs = preflight.check()
+        with self.locked("up"):
+            alive = self.running()
+            if alive:
+                raise LabError(f"a lab is already running from {self.state} ({', '.join(alive)}); "
+                               "use it, or run `python -m lab down` first")
+            if self.data():
+                self._teardown(quiet=True)
+            t0 = time.monotonic()
+            self._wipe()
+            (self.state / "ssh").mkdir(parents=True, mode=0o700)
+            subprocess.run([self.progs["ssh-keygen"], "-q", "-t", "ed25519", "-N", "", "-C",
+                            f"gpufleet-lab@{self.tag}", "-f", str(self.key)], check=True,
+                           capture_output=True)
+            subnet = self._subnet()
+            data = {"tag": self.tag, "state": str(self.state), "subnet": str(subnet),
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "ssh_key": str(self.key), "hw_in_node": HW_IN_NODE,
+                    "nodes": [self._node_spec(i, n, p, subnet) for i, (n, p) in enumerate(wanted)],
+                    "balancer": Balancer.describe(self.state)}
+            self._save(data)
+            try:
+                bal = self.balancer(data)
+                bal.write_config()
+                bal.start()
+                machines = self.machines(data)
+                for m in machines:
+                    m.create()
+                for m in machines:
+                    m.start()
+                deadline = time.monotonic() + timeout
+                for m in machines:
+                    m.wait_ready(deadline)
+            except BaseException:
+                self._teardown(quiet=True, keep_files=True)
+                raise
+            elapsed = time.monotonic() - t0
+            written = self.write_inventory(inventory, repo=self.state == DEFAULT_STATE)
+        log(f"lab up: {len(wanted)} node(s) and HAProxy in {elapsed:.1f} s; inventory {written}")
+        return elapsed
+
+    def down(self, log=print):
+        preflight.require_root()
+        with self.locked("down"):
+            had = self.data() is not None or self.cgroup.exists()
+            self._teardown()
+            self._wipe()
+        log("lab down: stopped and removed" if had else f"lab down: nothing was running from {self.state}")
+
+    def _teardown(self, quiet=False, keep_files=False):
+        """Stop every node and the balancer; remove veths and cgroups.  Files stay unless asked."""
+        data = self.data()
+        machines = self.machines(data) if data else []
+        pids = [(m, m.signal_stop()) for m in machines]
+        deadline = time.monotonic() + 10
+        for m, pid in pids:
+            m.finish_stop(pid, deadline)
+        bal = self.balancer(data)
+        if bal:
+            bal.stop()
+        # Strays of an earlier lab of this state dir whose lab.json was lost.
+        ip = self.progs["ip"]
+        for link in Path("/sys/class/net").glob(f"glab-{self.tag[:4]}-*"):
+            subprocess.run([ip, "link", "del", link.name], capture_output=True, check=False)
+        try:
+            cgroup = self.cgroup
+        except LabError:
+            cgroup = None
+        # Anything left in the lab's cgroups (a node or HAProxy whose records were lost) dies here.
+        if cgroup and not remove_cgroup(cgroup) and not quiet:
+            raise LabError(f"could not remove the lab's cgroup {cgroup}: processes remain in it")
+        if not keep_files:
+            self._remove_inventory(DEFAULT_INVENTORY)
+            self._remove_inventory(self.state / "hosts.yml")
+
+    def _wipe(self):
+        """Remove what `up` made in the state directory (only that: it may be shared)."""
+        for name in MADE:
+            entry = self.state / name
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            elif entry.exists() or entry.is_symlink():
+                entry.unlink()
+
+    def _remove_inventory(self, path):
+        """Remove a generated inventory if it is this lab's (it names this state directory)."""
+        try:
+            if str(self.state) in path.read_text():
+                path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def reboot(self, name, timeout=BOOT_TIMEOUT, log=print):
+        preflight.require_root()
+        with self.locked("reboot"):
+            m = self.machine(name)
+            t0 = time.monotonic()
+            old = m.boot_id()
+            m.stop()
+            m.power_cycle_firmware()
+            m.start()
+            m.wait_ready(time.monotonic() + timeout)
+            log(f"lab reboot: {name} is back in {time.monotonic() - t0:.1f} s "
+                f"(boot_id {old} -> {m.boot_id()})")
+
+    def stop_node(self, name, log=print):
+        """Power a node off (unreachable until `start`): for tests of a node lost mid-play."""
+        preflight.require_root()
+        with self.locked("stop"):
+            m = self.machine(name)
+            m.stop()
+            log(f"lab stop: {name} is powered off")
+
+    def start_node(self, name, timeout=BOOT_TIMEOUT, log=print):
+        preflight.require_root()
+        with self.locked("start"):
+            m = self.machine(name)
+            if not m.pid():
+                m.power_cycle_firmware()
+                m.start()
+            m.wait_ready(time.monotonic() + timeout)
+            log(f"lab start: {name} is up")
+
+    def balancer_ctl(self, action, log=print):
+        preflight.require_root()
+        with self.locked("balancer"):
+            bal = self.balancer()
+            if not bal:
+                raise LabError(f"no lab at {self.state}: run `python -m lab up` first")
+            if action in ("stop", "restart"):
+                bal.stop()
+            if action in ("start", "restart"):
+                bal.start()
+            log(f"lab balancer: {bal.state()}")
+
+    def status(self):
+        data = self.data()
+        if not data:
+            return {"state_dir": str(self.state), "up": False, "nodes": [], "balancer": None}
+        nodes = []
+        for m in self.machines(data):
+            spec = m.spec
+            state = m.state()
+            nodes.append({
+                "name": spec["name"], "address": spec["address"], "ssh_port": spec["ssh_port"],
+                "profile": spec["profile"], "state": state,
+                "expect_registered": spec["expect_registered"],
+                "boot_id": m.boot_id() if m.hw_dir.exists() else None,
+                "pid": m.pid(), "hw_root": str(m.hw_dir), "hw_root_in_node": HW_IN_NODE,
+                "console_log": str(m.console),
+            })
+        bal = self.balancer(data)
+        b = bal.spec
+        return {
+            "state_dir": str(self.state), "up": any(n["pid"] for n in nodes),
+            "ssh_key": data["ssh_key"], "subnet": data["subnet"], "nodes": nodes,
+            "balancer": {"runtime_socket": b["socket"], "backend": b["backend"],
+                         "config": b["config"], "pidfile": b["pidfile"],
+                         "frontend": f"{b['address']}:{b['frontend_port']}",
+                         "stats": f"http://{b['address']}:{b['stats_port']}/",
+                         "state": bal.state(), "pid": bal.pid()},
+        }
+
+    # --- inventory ------------------------------------------------------------------------------
+    def inventory(self):
+        data = self.data()
+        if not data:
+            raise LabError(f"no lab at {self.state}: run `python -m lab up` first")
+        b = data["balancer"]
+        hosts = {}
+        for spec in data["nodes"]:
+            hosts[spec["name"]] = {
+                "ansible_host": spec["address"],
+                "ansible_port": spec["ssh_port"],
+                "lab_profile": spec["profile"],
+                "lab_expect_registered": spec["expect_registered"],
+                "lab_hw_root": str(self.state / "nodes" / spec["name"] / "hw"),
+            }
+        return {"all": {"children": {
+            "gpu_nodes": {
+                "hosts": hosts,
+                "vars": {
+                    "ansible_user": "root",
+                    "ansible_ssh_private_key_file": data["ssh_key"],
+                    "ansible_ssh_common_args": "-o StrictHostKeyChecking=no "
+                                               "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
+                    "ansible_python_interpreter": "/usr/bin/python3",
+                    "gpufleet_lab": True,
+                    "gpufleet_lab_root": HW_IN_NODE,
+                    "gpufleet_sysfs_path": f"{HW_IN_NODE}/sys/bus/pci",
+                    "gpufleet_sysfs_root": f"{HW_IN_NODE}/sys",
+                    "gpufleet_proc_root": f"{HW_IN_NODE}/proc",
+                },
+            },
+            "balancer": {
+                "hosts": {"lab-balancer": {
+                    "ansible_connection": "local",
+                    "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                    "lab_haproxy_socket": b["socket"],
+                    "lab_haproxy_backend": b["backend"],
+                    "lab_haproxy_config": b["config"],
+                    "lab_haproxy_pidfile": b["pidfile"],
+                    "lab_haproxy_frontend": f"{b['address']}:{b['frontend_port']}",
+                }},
+            },
+        }}}
+
+    def write_inventory(self, path=None, repo=True):
+        """Write the inventory to path, else <state>/hosts.yml and (repo) inventories/lab/hosts.yml."""
+        import yaml  # the controller's environment has it (ansible-core depends on it)
+
+        inv = self.inventory()
+        header = (f"# Generated by `python -m lab inventory` for the lab at {self.state}.\n"
+                  "# Do not edit: `lab up` rewrites it, `lab down` removes it.\n")
+        text = header + yaml.safe_dump(inv, sort_keys=False, default_flow_style=False)
+        targets = [Path(path)] if path else [self.state / "hosts.yml"]
+        if not path and repo:
+            targets.append(DEFAULT_INVENTORY)
+        for target in targets:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+        return targets[-1]

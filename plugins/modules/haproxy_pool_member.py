@@ -1,0 +1,329 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: haproxy_pool_member
+short_description: Add, drain or remove a server of an HAProxy backend at runtime, and in its config
+version_added: 0.1.0
+description:
+  - Puts one server of an HAProxy backend in the wanted state through the runtime API (the admin
+    stats socket), with HAProxy's dynamic servers (C(add server), C(enable health),
+    C(enable server), C(set server ... state drain|maint), C(del server)), so that no reload
+    drops connections.
+  - With O(config_file), also keeps the server's line in the backend section of the
+    configuration file, so that a restart of the balancer keeps the pool.
+  - Nothing is left half-done. If a server added by this run cannot be put in service, it is
+    deleted again and the task fails. A removal first drains the server, then forces it to
+    maintenance, and deletes it once it holds no connections, waiting up to O(drain_timeout).
+  - community.general.haproxy changes the state of servers that are already in the
+    configuration; this module also adds and deletes them.
+author:
+  - gpufleet.node developers (@gpufleet)
+options:
+  socket:
+    description: Path of HAProxy's admin runtime socket (C(stats socket PATH level admin)).
+    type: path
+    required: true
+  backend:
+    description: Backend the server belongs to.
+    type: str
+    required: true
+  name:
+    description: Server name in the backend (letters, digits, C(. _ : -)).
+    type: str
+    required: true
+  address:
+    description: Address of the server. Required with O(state=present).
+    type: str
+  port:
+    description: Port of the server. Required with O(state=present).
+    type: int
+  check:
+    description: Enable HAProxy's health checks (the backend's C(option httpchk)) for the server.
+    type: bool
+    default: true
+  state:
+    description:
+      - V(present) - in the backend and ready for traffic.
+      - V(drained) - in the backend, no new sessions (existing ones finish).
+      - V(absent) - not in the backend.
+    type: str
+    choices: [present, drained, absent]
+    default: present
+  config_file:
+    description:
+      - HAProxy configuration file whose backend section holds the server's C(server) line
+        (added or updated with O(state=present) or O(state=drained), removed with
+        O(state=absent)). Not touched when omitted.
+    type: path
+  drain_timeout:
+    description: Seconds to wait for a removed server's connections to end before failing.
+    type: int
+    default: 30
+  timeout:
+    description: Seconds to wait for each answer of the runtime API.
+    type: float
+    default: 5.0
+attributes:
+  check_mode:
+    support: full
+    description: Reads the backend and the file and reports what would change.
+  diff_mode:
+    support: full
+    description: The server's state before and after, and the config file's text.
+  platform:
+    platforms: posix
+    description: Runs where the runtime socket is (delegate to the balancer).
+"""
+
+EXAMPLES = r"""
+- name: Put node1 in the vLLM pool
+  gpufleet.node.haproxy_pool_member:
+    socket: /run/haproxy/admin.sock
+    backend: vllm_pool
+    name: node1
+    address: 10.0.0.11
+    port: 8000
+    config_file: /etc/haproxy/haproxy.cfg
+  delegate_to: lb1
+
+- name: Take node1 out
+  gpufleet.node.haproxy_pool_member:
+    socket: /run/haproxy/admin.sock
+    backend: vllm_pool
+    name: node1
+    state: absent
+    config_file: /etc/haproxy/haproxy.cfg
+  delegate_to: lb1
+"""
+
+RETURN = r"""
+before:
+  description: The server as HAProxy had it, or null when it was not in the backend.
+  returned: always
+  type: dict
+  sample: {"name": "node1", "address": "10.0.0.11", "port": 8000, "state": "ready", "op_state": "running"}
+  contains:
+    name:
+      description: Server name.
+      type: str
+    address:
+      description: Server address.
+      type: str
+    port:
+      description: Server port.
+      type: int
+    state:
+      description: Administrative state, V(ready), V(drain) or V(maint).
+      type: str
+    op_state:
+      description: Operational state (V(running), V(stopped), ...), from the health checks.
+      type: str
+    admin_state:
+      description: HAProxy's raw srv_admin_state flags.
+      type: int
+after:
+  description: The server as HAProxy has it now (in check mode, as it would), or null when absent.
+  returned: always
+  type: dict
+commands:
+  description: The runtime API commands sent (in check mode, that would be sent).
+  returned: always
+  type: list
+  elements: str
+  sample: ["add server vllm_pool/node1 10.0.0.11:8000 check", "enable health vllm_pool/node1", "enable server vllm_pool/node1"]
+config_changed:
+  description: Whether the configuration file was (or would be) rewritten.
+  returned: always
+  type: bool
+"""
+
+import os
+import tempfile
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import (
+    HAProxyError,
+    RuntimeAPI,
+    check_name,
+    config_with_server,
+    server_line,
+)
+
+
+def plan(current, want, backend, name, address, port, check):
+    """Runtime API commands that take the server from `current` to `want`."""
+    target = f"{backend}/{name}"
+    if want == "absent":
+        if current is None:
+            return []
+        return ([] if current["state"] == "maint" else [f"set server {target} state maint"]) + [
+            f"del server {target}"]
+    cmds = []
+    if current is not None and (current["address"], current["port"]) != (address, port):
+        cmds.append(f"set server {target} addr {address} port {port}")
+    if current is None:
+        cmds.append(f"add server {target} {address}:{port}{' check' if check else ''}")
+        if check:
+            cmds.append(f"enable health {target}")
+    wanted_state = "ready" if want == "present" else "drain"
+    if current is None or current["state"] != wanted_state:
+        cmds.append(f"set server {target} state {wanted_state}")
+    return cmds
+
+
+def apply(api, cmds, backend, name, drain_timeout):
+    """Send `cmds`; roll back a server this run added if a later command fails."""
+    added = False
+    for cmd in cmds:
+        try:
+            if cmd.startswith("del server"):
+                _delete_when_idle(api, cmd, drain_timeout)
+            else:
+                api.run(cmd)
+        except HAProxyError:
+            if added:
+                _roll_back(api, f"{backend}/{name}")
+            raise
+        added = added or cmd.startswith("add server")
+
+
+def _roll_back(api, target):
+    """Delete a server this run added. A failure here is not raised: the error that made the
+    roll-back necessary is the one to report, and the module's `after` shows what is left."""
+    for cmd in (f"set server {target} state maint", f"del server {target}"):
+        try:
+            api.run(cmd)
+        except HAProxyError:
+            continue
+
+
+def _delete_when_idle(api, cmd, drain_timeout):
+    target = cmd.split()[-1]
+    deadline = time.monotonic() + drain_timeout
+    while True:
+        try:
+            api.run(cmd)
+            return
+        except HAProxyError as exc:
+            if "connections" not in str(exc) or time.monotonic() > deadline:
+                raise
+        api.command(f"shutdown sessions server {target}")
+        time.sleep(0.5)
+
+
+def write_atomic(path, text):
+    mode = os.stat(path).st_mode & 0o7777
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".haproxy_pool_member.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            socket=dict(type="path", required=True),
+            backend=dict(type="str", required=True),
+            name=dict(type="str", required=True),
+            address=dict(type="str"),
+            port=dict(type="int"),
+            check=dict(type="bool", default=True),
+            state=dict(type="str", choices=["present", "drained", "absent"], default="present"),
+            config_file=dict(type="path"),
+            drain_timeout=dict(type="int", default=30),
+            timeout=dict(type="float", default=5.0),
+        ),
+        required_if=[("state", "present", ("address", "port")), ("state", "drained", ("address", "port"))],
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        backend, name = check_name("backend", p["backend"]), check_name("server", p["name"])
+    except HAProxyError as exc:
+        module.fail_json(msg=str(exc))
+    if p["port"] is not None and not 0 < p["port"] < 65536:
+        module.fail_json(msg=f"port {p['port']} is out of range 1-65535")
+
+    api = RuntimeAPI(p["socket"], timeout=p["timeout"])
+    try:
+        before = api.servers(backend).get(name)
+    except HAProxyError as exc:
+        module.fail_json(msg=f"nothing changed: {exc}", before=None, after=None, commands=[], config_changed=False)
+
+    cmds = plan(before, p["state"], backend, name, p["address"], p["port"], p["check"])
+
+    config_before = config_after = None
+    if p["config_file"]:
+        try:
+            with open(p["config_file"]) as f:
+                config_before = f.read()
+            line = None if p["state"] == "absent" else server_line(name, p["address"], p["port"], p["check"])
+            config_after = config_with_server(config_before, backend, name, line)
+        except (OSError, HAProxyError) as exc:
+            module.fail_json(msg=f"nothing changed: cannot use HAProxy config {p['config_file']}: {exc}",
+                             before=before, after=before, commands=[], config_changed=False)
+    config_changed = config_before != config_after
+
+    after = before
+    if cmds and not module.check_mode:
+        try:
+            apply(api, cmds, backend, name, p["drain_timeout"])
+        except HAProxyError as exc:
+            now = _servers_or_none(api, backend, name)
+            module.fail_json(msg=f"{exc}; the configuration file was not changed", before=before, after=now,
+                             commands=cmds, config_changed=False)
+        after = _servers_or_none(api, backend, name)
+    elif cmds:
+        after = _predicted(before, p)
+    if config_changed and not module.check_mode:
+        write_atomic(p["config_file"], config_after)
+
+    result = dict(changed=bool(cmds) or config_changed, before=before, after=after, commands=cmds,
+                  config_changed=config_changed)
+    if module._diff:
+        result["diff"] = [dict(before=_show(before), after=_show(after),
+                               before_header=f"{backend}/{name} (runtime)", after_header=f"{backend}/{name} (runtime)")]
+        if config_changed:
+            result["diff"].append(dict(before=config_before, after=config_after,
+                                       before_header=p["config_file"], after_header=p["config_file"]))
+    module.exit_json(**result)
+
+
+def _servers_or_none(api, backend, name):
+    try:
+        return api.servers(backend).get(name)
+    except HAProxyError:
+        return None
+
+
+def _predicted(before, p):
+    if p["state"] == "absent":
+        return None
+    state = "ready" if p["state"] == "present" else "drain"
+    op_state = before["op_state"] if before else "stopped"
+    return dict(name=p["name"], address=p["address"], port=p["port"], state=state, op_state=op_state,
+                admin_state=0 if state == "ready" else 8)
+
+
+def _show(server):
+    if server is None:
+        return "(absent)\n"
+    return f"{server['address']}:{server['port']} state={server['state']}\n"
+
+
+if __name__ == "__main__":
+    main()

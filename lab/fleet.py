@@ -366,6 +366,11 @@ class Fleet:
                     "gpufleet_sysfs_path": f"{HW_IN_NODE}/sys/bus/pci",
                     "gpufleet_sysfs_root": f"{HW_IN_NODE}/sys",
                     "gpufleet_proc_root": f"{HW_IN_NODE}/proc",
+                    # The registration role talks to the lab's HAProxy (on the controller).
+                    "lb_registration_balancer": "lab-balancer",
+                    "lb_registration_socket": b["socket"],
+                    "lb_registration_backend": b["backend"],
+                    "lb_registration_config_file": b["config"],
                 },
             },
             "balancer": {

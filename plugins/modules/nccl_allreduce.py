@@ -1,0 +1,457 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: nccl_allreduce
+short_description: Gate a node on its measured NCCL all-reduce bus bandwidth
+version_added: 0.1.0
+description:
+  - Runs nccl-tests' C(all_reduce_perf) on the node's GPUs (one process, one thread driving
+    O(gpus) GPUs), reads its output by the column header it prints, and judges the bus
+    bandwidth at the largest message sizes, out-of-place and in-place, against a threshold.
+    Never judges on C(# Avg bus bandwidth), the mean over all sizes that small sizes drag down.
+  - Fails closed. The task fails, with measured against expected and the likely cause, on a
+    non-zero exit, a timeout (the whole process group is killed), C(#wrong) above 0, an
+    C(# Out of bounds values ... FAILED) footer, a missing footer (truncated output), no data
+    rows, or a bus bandwidth under the threshold.
+  - "O(min_busbw_gbps=auto) derives the threshold from the GPU topology facts
+    (C(ansible_facts.gpu_topology) from M(gpufleet.node.gpu_topology_facts)): the bus bandwidth
+    a HEALTHY node of this design reaches, times O(threshold_fraction). The model: the expected
+    bus bandwidth is that of the weakest hop of the best ring NCCL can build through the GPUs,
+    each hop valued for the node's design (the maximum PCIe generation and width of the two
+    GPUs' links, the NVLink count), never for how the links trained today, so a link trained
+    down or a bridge redirecting peer traffic fails the gate instead of lowering its bar."
+  - "PCIe hop: raw rate per direction (GT/s x lanes x encoding / 8; Gen3 x16 15.75 GB/s, Gen4
+    x16 31.5 GB/s, Gen5 x16 63 GB/s) x a path efficiency by the nvidia-smi topology class:
+    PIX and PXB 0.80, PHB 0.78, NODE 0.60, SYS 0.50. NVLink hop: the NV count x 25 GB/s per
+    link per direction (50 GB/s for NVLink 5, Blackwell) x 0.80."
+  - "Sources of the figures: PCIe Gen4 x16 measures about 25 GB/s at best against 31.5 raw
+    (0.80); 4x RTX 4090 reach 22-26 GB/s with P2P and about 18 through host memory; a 4x L40S
+    node on two Gen4 switches is gated at 22 GB/s in the field (24.6 x 0.9 here); ACS redirect
+    roughly halves bus bandwidth (NVIDIA/nccl issue 700); 8-GPU NVLink all-reduce reaches about
+    230 GB/s on A100 (12 links, 240 here) and 440-480 GB/s on H100/H200 (18 links, 360 here:
+    NVLink SHARP systems clear it with room); Azure's per-SKU floors (228 for 8x A100, 460 for
+    8x H100 at 8-16 GB messages) are of the same order. No peer tool derives its threshold from
+    the topology; fixed per-SKU floors are the usual practice."
+  - Read-only as far as the host is concerned; it reports C(changed=false).
+author:
+  - gpufleet.node developers (@gpufleet)
+options:
+  binary:
+    description:
+      - Path of C(all_reduce_perf), or a name to look up in C(PATH) and C(/usr/local/bin),
+        C(/opt/nccl-tests/build).
+    type: path
+    default: all_reduce_perf
+  min_busbw_gbps:
+    description:
+      - Threshold for the judged bus bandwidth in GB/s, as a number (for example C("22") for 4x
+        PCIe Gen4 behind switches), or C(auto) to derive it from O(topology) (see the description
+        for the model).
+    type: str
+    default: auto
+  topology:
+    description:
+      - The GPU topology facts, C(ansible_facts.gpu_topology) as M(gpufleet.node.gpu_topology_facts)
+        sets them (C(gpus[].pcie.gen_max), C(width_max), C(width_current), C(links), C(p2p)).
+      - Required when O(min_busbw_gbps=auto); also used for the default of O(gpus) and to name
+        the likely cause of a failure (a link trained down, peer-to-peer reads not OK).
+    type: dict
+  threshold_fraction:
+    description:
+      - With O(min_busbw_gbps=auto), the threshold is the expected bus bandwidth times this.
+    type: float
+    default: 0.9
+  min_bytes:
+    description:
+      - Smallest message size (C(-b)), in bytes or with a K, M or G suffix (powers of 1024).
+      - The defaults measure only sizes that saturate the links; small sizes measure latency.
+    type: str
+    default: 256M
+  max_bytes:
+    description:
+      - Largest message size (C(-e)), same format. NVLink needs several GB to saturate; each GPU
+        needs memory for about three buffers of this size.
+    type: str
+    default: 4G
+  step_factor:
+    description: Multiplication factor between sizes (C(-f)).
+    type: int
+    default: 2
+  gpus:
+    description:
+      - Number of GPUs (C(-g)). Defaults to the number of GPUs in O(topology) (those named by
+        C(CUDA_VISIBLE_DEVICES) in O(environment) when it is set, by index or GPU UUID).
+    type: int
+  iters:
+    description: Timed iterations per size (C(-n)).
+    type: int
+    default: 20
+  warmup_iters:
+    description: Warm-up iterations per size (C(-w)).
+    type: int
+    default: 5
+  check:
+    description:
+      - Validate the results (C(-c 1)), so that wrong results fail the gate. With C(false) the
+        C(#wrong) column reads C(N/A) and only the bandwidth is judged.
+    type: bool
+    default: true
+  repeats:
+    description:
+      - Best of this many runs for the bandwidth (run-to-run noise). A run that fails for any
+        other reason (wrong results, exit status, timeout, truncated output) fails at once.
+    type: int
+    default: 1
+  judge_sizes:
+    description:
+      - How many of the largest message sizes are judged; the judged bus bandwidth is the lowest
+        out-of-place or in-place value over them.
+    type: int
+    default: 2
+  timeout:
+    description:
+      - Seconds one run may take. The run starts in a new session; on expiry its whole process
+        group is killed and the task fails.
+    type: int
+    default: 900
+  environment:
+    description:
+      - Extra environment for the run, typically the node's NCCL variables (C(NCCL_P2P_LEVEL),
+        C(NCCL_IB_DISABLE), ...) and C(CUDA_VISIBLE_DEVICES). C(LC_ALL=C) is always set.
+    type: dict
+    default: {}
+attributes:
+  check_mode:
+    support: partial
+    description: Computes the threshold and the command without running the test.
+    details:
+      - The result cannot be known without running the test, and the test occupies the GPUs;
+        in check mode the module computes the threshold and the command but does not run it,
+        and returns RV(passed=None).
+  diff_mode:
+    support: none
+    description: Nothing on the host changes.
+notes:
+  - Run it on idle GPUs (before the inference server starts, or with it stopped); a busy GPU
+    measures low and fails the gate.
+  - Bus bandwidth for all-reduce is algbw x 2(n-1)/n, comparable across GPU counts.
+  - The role C(gpufleet.node.nccl_gate) runs this module and records the verdict as a
+    readiness marker for the current boot, a JSON file and Prometheus metrics.
+  - The run does not go through C(run_command), which has no timeout; it starts in a new
+    session so that a hung test and every process it forked can be killed together.
+  - "Output read: the C(#wrong) (nccl-tests 2.13 and later) or C(error) column, with or without
+    C(root), C(N/A) with C(-c 0), NCCL C(INFO) lines and launcher prefixes
+    (C([1,0]<stdout>:), C(0:)) anywhere."
+seealso:
+  - module: gpufleet.node.gpu_topology_facts
+  - module: gpufleet.node.pcie_acs
+  - name: nccl-tests performance notes (bus bandwidth)
+    description: What algbw and busbw mean and what to expect.
+    link: https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md
+"""
+
+EXAMPLES = r"""
+- name: Gather the GPU topology
+  gpufleet.node.gpu_topology_facts:
+
+- name: Gate on the all-reduce bandwidth a healthy node of this design reaches
+  gpufleet.node.nccl_allreduce:
+    binary: /opt/nccl-tests/build/all_reduce_perf
+    min_busbw_gbps: auto
+    topology: "{{ ansible_facts.gpu_topology }}"
+    repeats: 2
+  register: nccl
+
+- name: Gate 4x L40S behind PCIe Gen4 switches at a fixed 22 GB/s
+  gpufleet.node.nccl_allreduce:
+    binary: /usr/local/bin/all_reduce_perf
+    min_busbw_gbps: "22"
+    gpus: 4
+    min_bytes: 64M
+    max_bytes: 1G
+    environment:
+      NCCL_P2P_LEVEL: PXB
+      NCCL_IB_DISABLE: "1"
+"""
+
+RETURN = r"""
+passed:
+  description: Whether the node passed. C(null) in check mode (nothing was measured).
+  returned: always
+  type: bool
+  sample: true
+judged_busbw_gbps:
+  description: The lowest out-of-place or in-place bus bandwidth over the O(judge_sizes) largest sizes, best run.
+  returned: always
+  type: float
+  sample: 23.41
+threshold_gbps:
+  description: The threshold the judged bus bandwidth was compared with.
+  returned: always
+  type: float
+  sample: 22.12
+expected_busbw_gbps:
+  description: With O(min_busbw_gbps=auto), what a healthy node of this design reaches; else C(null).
+  returned: always
+  type: float
+  sample: 24.58
+model:
+  description: With O(min_busbw_gbps=auto), how the expectation was derived; else C(null).
+  returned: always
+  type: dict
+  contains:
+    worst_link:
+      description: Topology class of the weakest hop of the best ring.
+      type: str
+      sample: PHB
+    worst_pair:
+      description: GPU indices of that hop.
+      type: list
+      elements: int
+      sample: [1, 2]
+    ring:
+      description: GPU indices in ring order.
+      type: list
+      elements: int
+      sample: [0, 1, 2, 3]
+    basis:
+      description: How the weakest hop was valued.
+      type: str
+      sample: "PHB: PCIe Gen4 x16 31.51 GB/s x 0.78"
+reason:
+  description: One sentence on the verdict, with measured against expected and the likely cause.
+  returned: always
+  type: str
+  sample: "bus bandwidth 11.70 GB/s at sizes [2147483648, 4294967296] B is under the threshold 22.12 GB/s ..."
+kind:
+  description: "The verdict's category: C(ok), C(low_bandwidth), C(wrong), C(out_of_bounds), C(exit), C(timeout), C(truncated), C(no_rows), or C(check_mode)."
+  returned: always
+  type: str
+  sample: ok
+rows:
+  description: The data rows of the best run, in output order.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    size: {description: Message size in bytes., type: int, sample: 4294967296}
+    count: {description: Elements., type: int, sample: 1073741824}
+    type: {description: Data type., type: str, sample: float}
+    redop: {description: Reduction operation (C(null) in the oldest format)., type: str, sample: sum}
+    root: {description: Root rank (C(-1) for all-reduce; C(null) before nccl-tests printed it)., type: int, sample: -1}
+    time_oop: {description: Out-of-place time in microseconds., type: float, sample: 12646.0}
+    algbw_oop: {description: Out-of-place algorithm bandwidth in GB/s., type: float, sample: 169.81}
+    busbw_oop: {description: Out-of-place bus bandwidth in GB/s., type: float, sample: 318.4}
+    wrong_oop: {description: Out-of-place wrong elements; C(null) when not validated or in the old C(error) format., type: int, sample: 0}
+    time_ip: {description: In-place time in microseconds., type: float, sample: 12641.0}
+    algbw_ip: {description: In-place algorithm bandwidth in GB/s., type: float, sample: 169.88}
+    busbw_ip: {description: In-place bus bandwidth in GB/s., type: float, sample: 318.52}
+    wrong_ip: {description: "In-place wrong elements, as for RV(rows[].wrong_oop).", type: int, sample: 0}
+avg_busbw_gbps:
+  description: The C(# Avg bus bandwidth) footer of the best run (informational, never judged).
+  returned: always
+  type: float
+  sample: 21.7
+out_of_bounds:
+  description: The count in the C(# Out of bounds values) footer, C(null) when it is missing.
+  returned: always
+  type: int
+  sample: 0
+cmd:
+  description: The argv that was (or in check mode would be) run.
+  returned: always
+  type: list
+  elements: str
+  sample: [/usr/local/bin/all_reduce_perf, -b, "268435456", -e, "4294967296", -f, "2", -g, "4", -n, "20", -w, "5", -c, "1"]
+rc:
+  description: Exit status of the last run (C(null) when killed on timeout or in check mode).
+  returned: always
+  type: int
+  sample: 0
+duration_s:
+  description: Seconds spent running, all repeats together.
+  returned: always
+  type: float
+  sample: 41.2
+runs:
+  description: One entry per run.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    judged_busbw_gbps: {description: That run's judged bus bandwidth., type: float, sample: 23.4}
+    kind: {description: That run's verdict category., type: str, sample: ok}
+    rc: {description: That run's exit status., type: int, sample: 0}
+    duration_s: {description: That run's duration., type: float, sample: 20.1}
+timestamp:
+  description: Unix time at which the verdict was reached.
+  returned: always
+  type: float
+  sample: 1764403200.5
+stdout:
+  description: Output (stdout and stderr together) of the last run, on failure only.
+  returned: failure
+  type: str
+"""
+
+import os
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.node.plugins.module_utils import _nccl
+
+SEARCH_DIRS = ["/usr/local/bin", "/opt/nccl-tests/build", "/usr/local/nccl-tests/build"]
+
+
+def _visible_devices(environment, topology):
+    """Topology indices named by CUDA_VISIBLE_DEVICES (indices or GPU UUIDs), or None.
+
+    None when it is unset, or names something the facts cannot map (MIG instances): the run
+    then uses the first GPUs of the facts, as CUDA numbers them.
+    """
+    text = str(environment.get("CUDA_VISIBLE_DEVICES", "")).strip()
+    if not text:
+        return None
+    by_uuid = {str(g.get("uuid")): g["index"] for g in (topology or {}).get("gpus") or [] if g.get("uuid")}
+    picked = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        if item.isdigit():
+            picked.append(int(item))
+        elif item in by_uuid:
+            picked.append(by_uuid[item])
+        else:
+            return None
+    return picked
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            binary=dict(type="path", default="all_reduce_perf"),
+            min_busbw_gbps=dict(type="str", default="auto"),
+            topology=dict(type="dict"),
+            threshold_fraction=dict(type="float", default=0.9),
+            min_bytes=dict(type="str", default="256M"),
+            max_bytes=dict(type="str", default="4G"),
+            step_factor=dict(type="int", default=2),
+            gpus=dict(type="int"),
+            iters=dict(type="int", default=20),
+            warmup_iters=dict(type="int", default=5),
+            check=dict(type="bool", default=True),
+            repeats=dict(type="int", default=1),
+            judge_sizes=dict(type="int", default=2),
+            timeout=dict(type="int", default=900),
+            environment=dict(type="dict", default={}),
+        ),
+        required_if=[("min_busbw_gbps", "auto", ("topology",))],
+        required_one_of=[("gpus", "topology")],
+        supports_check_mode=True,
+    )
+    p = module.params
+    environment = p["environment"] or {}
+    topology = p["topology"]
+
+    for name in ("repeats", "judge_sizes", "timeout", "iters", "step_factor"):
+        if p[name] < 1:
+            module.fail_json(msg=f"{name} must be at least 1, got {p[name]}")
+    try:
+        min_bytes, max_bytes = _nccl.parse_size(p["min_bytes"]), _nccl.parse_size(p["max_bytes"])
+    except ValueError as e:
+        module.fail_json(msg=f"min_bytes/max_bytes: {e}")
+    if min_bytes > max_bytes:
+        module.fail_json(msg=f"min_bytes ({p['min_bytes']}) is larger than max_bytes ({p['max_bytes']})")
+
+    visible = _visible_devices(environment, topology)
+    gpus = p["gpus"]
+    if gpus is None:
+        gpus = len(_nccl.select_gpus(topology, None, visible))
+    if gpus < 1:
+        module.fail_json(msg="no GPUs to test: the topology facts list none; gather them with "
+                             "gpufleet.node.gpu_topology_facts or set gpus")
+
+    expected, model = None, None
+    if p["min_busbw_gbps"].strip().lower() == "auto":
+        try:
+            model = _nccl.expected_busbw(topology, gpus, visible)
+        except (ValueError, KeyError, TypeError) as e:
+            module.fail_json(msg=f"cannot derive the auto threshold from the topology facts: {e}; pass "
+                                 "ansible_facts.gpu_topology from gpufleet.node.gpu_topology_facts, or set "
+                                 "min_busbw_gbps to a number")
+        expected = model.pop("expected_gbps")
+        if not 0 < p["threshold_fraction"] <= 1.5:
+            module.fail_json(msg=f"threshold_fraction must be in (0, 1.5], got {p['threshold_fraction']}")
+        threshold = round(expected * p["threshold_fraction"], 2)
+    else:
+        try:
+            threshold = float(p["min_busbw_gbps"])
+        except ValueError:
+            module.fail_json(msg=f"min_busbw_gbps must be a number of GB/s or 'auto', got {p['min_busbw_gbps']!r}")
+        if threshold <= 0:
+            module.fail_json(msg=f"min_busbw_gbps must be positive, got {threshold}")
+
+    binary = p["binary"]
+    if os.sep not in binary:
+        binary = module.get_bin_path(binary, required=True, opt_dirs=SEARCH_DIRS)
+    elif not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+        module.fail_json(msg=f"{binary} is not an executable file: build nccl-tests "
+                             "(make -C nccl-tests) or point binary at all_reduce_perf")
+    argv = _nccl.build_argv(binary, min_bytes, max_bytes, p["step_factor"], gpus, p["iters"],
+                            p["warmup_iters"], p["check"])
+
+    result = dict(changed=False, passed=None, judged_busbw_gbps=None, threshold_gbps=threshold,
+                  expected_busbw_gbps=expected, model=model, reason=None, kind=None, rows=[],
+                  avg_busbw_gbps=None, out_of_bounds=None, cmd=argv, rc=None, duration_s=0.0, runs=[],
+                  timestamp=None)
+
+    if module.check_mode:
+        result.update(kind="check_mode", timestamp=time.time(),
+                      reason="check mode: all_reduce_perf was not run (the result cannot be known without "
+                             "measuring, and measuring occupies the GPUs)")
+        module.exit_json(**result)
+
+    best = None
+    stdout = ""
+    while len(result["runs"]) < p["repeats"]:
+        rc, stdout, timed_out, duration = _nccl.run(argv, environment, p["timeout"])
+        parsed = _nccl.parse(stdout)
+        rows = parsed["rows"]
+        causes = None
+        if rows and not timed_out:
+            measured = _nccl.judged_busbw(rows, p["judge_sizes"])[0]
+            if measured < threshold:
+                causes = _nccl.diagnose(topology, environment, measured, expected or threshold)
+        verdict = _nccl.judge(parsed, threshold, p["judge_sizes"], rc=rc, timed_out=timed_out,
+                              timeout=p["timeout"], expected_gbps=expected, causes=causes)
+        result["duration_s"] = round(result["duration_s"] + duration, 3)
+        result["rc"] = rc
+        result["runs"].append(dict(judged_busbw_gbps=verdict["judged_busbw_gbps"], kind=verdict["kind"],
+                                   rc=rc, duration_s=round(duration, 3)))
+        candidate = (verdict, parsed)
+        if verdict["kind"] not in ("ok", "low_bandwidth"):
+            best = candidate  # correctness or completeness failed: no retry hides that
+            break
+        if best is None or (verdict["judged_busbw_gbps"] or 0) > (best[0]["judged_busbw_gbps"] or 0):
+            best = candidate
+        if verdict["passed"]:
+            break
+
+    verdict, parsed = best
+    result.update(passed=verdict["passed"], judged_busbw_gbps=verdict["judged_busbw_gbps"],
+                  reason=verdict["reason"], kind=verdict["kind"], rows=parsed["rows"],
+                  avg_busbw_gbps=parsed["avg_busbw_gbps"], out_of_bounds=parsed["out_of_bounds"],
+                  timestamp=time.time())
+    if not verdict["passed"]:
+        module.fail_json(msg=f"NCCL all-reduce gate failed on {' '.join(argv)}: {verdict['reason']}",
+                         stdout=stdout, **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

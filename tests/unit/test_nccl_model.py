@@ -1,0 +1,152 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The auto threshold model of the NCCL gate (plugins/module_utils/_nccl.py), on every lab profile."""
+from __future__ import annotations
+
+import pytest
+
+import lab.hwmodel as hw
+from ansible_collections.gpufleet.node.plugins.module_utils import _nccl
+
+
+def topology_facts(node):
+    """ansible_facts.gpu_topology as gpufleet.node.gpu_topology_facts reports a lab machine.
+
+    Like NVML, only GPUs bound to the nvidia driver exist, numbered without the others.
+    """
+    model_idx = [i for i, g in enumerate(node.gpus) if g.driver == "nvidia"]
+    gpus = []
+    for cuda, i in enumerate(model_idx):
+        g = node.gpus[i]
+        gpus.append({"index": cuda, "uuid": g.uuid, "name": g.name, "pci_bus_id": g.bdf,
+                     "memory_total_mib": g.memory_total_mib, "nvlinks": g.nvlinks,
+                     "upstream_port": node.chain(g.bdf)[0],
+                     "pcie": {"gen_current": g.gen_current, "gen_max": g.gen_max,
+                              "width_current": g.width_current, "width_max": g.width_max}})
+    links, p2p, redirecting = {}, {"read": {}}, {}
+    for a, i in enumerate(model_idx):
+        others = [(b, j) for b, j in enumerate(model_idx)]
+        links[f"GPU{a}"] = {f"GPU{b}": node.link_type(i, j) for b, j in others}
+        p2p["read"][f"GPU{a}"] = {f"GPU{b}": node.p2p_status(i, j, "read") for b, j in others}
+        redirecting[f"GPU{a}"] = {f"GPU{b}": node.redirecting_bridges(i, j) for b, j in others if b != a}
+    return {"gpus": gpus, "links": links, "p2p": p2p, "pci_tree": {"redirecting": redirecting}}
+
+
+# What a healthy node of each design reaches, and why (the weakest hop of the best ring).
+EXPECTED = {
+    "l40s-4x-switch": (24.58, "PHB", 4),       # Gen4 x16 31.51 x 0.78; the ring leaves each switch
+    "l40s-x8-degraded": (24.58, "PHB", 4),     # the same design: x8 must fail, not lower the bar
+    "vfio-passthrough": (24.58, "PHB", 3),     # GPU 3 on vfio-pci is invisible to CUDA/NVML
+    "epyc-rootport-acs": (24.58, "PHB", 2),    # two root ports of one host bridge
+    "h100-sxm-8x": (360.0, "NV18", 8),         # 18 links x 25 GB/s x 0.8
+}
+
+
+def test_every_profile_has_an_expectation():
+    assert set(EXPECTED) == set(hw.PROFILES)
+
+
+def test_auto_threshold_on_every_profile(lab_node, any_profile):
+    node = lab_node(any_profile)
+    facts = topology_facts(node)
+    gbps, worst, ngpus = EXPECTED[any_profile]
+    model = _nccl.expected_busbw(facts)
+    assert model["expected_gbps"] == pytest.approx(gbps, abs=0.01)
+    assert model["worst_link"] == worst
+    assert sorted(model["ring"]) == list(range(ngpus))
+    # The default fraction gives seed 000's 22 GB/s for 4x L40S on Gen4 switches.
+    assert round(model["expected_gbps"] * 0.9, 2) == pytest.approx(gbps * 0.9, abs=0.01)
+
+
+def test_l40s_threshold_is_seed_000s_22_gbps(lab_node):
+    model = _nccl.expected_busbw(topology_facts(lab_node("l40s-4x-switch")))
+    assert round(model["expected_gbps"] * 0.9, 1) == 22.1
+    # The best ring keeps each switch's pair adjacent: two PIX hops, two PHB hops.
+    ring = model["ring"]
+    assert {frozenset(ring[k:k + 2]) for k in range(0, 4, 2)} == {frozenset({0, 1}), frozenset({2, 3})}
+    assert model["basis"] == "PHB: PCIe Gen4 x16 31.51 GB/s x 0.78"
+
+
+def test_degraded_link_does_not_lower_the_bar(lab_node):
+    healthy = _nccl.expected_busbw(topology_facts(lab_node("l40s-4x-switch")))
+    facts = topology_facts(lab_node("l40s-x8-degraded"))
+    assert facts["gpus"][2]["pcie"]["width_current"] == 8
+    assert _nccl.expected_busbw(facts)["expected_gbps"] == healthy["expected_gbps"]
+
+
+def test_gpu_subset_and_visible_devices(lab_node):
+    facts = topology_facts(lab_node("l40s-4x-switch"))
+    pair = _nccl.expected_busbw(facts, count=2)
+    assert pair["worst_link"] == "PIX" and pair["expected_gbps"] == pytest.approx(25.21, abs=0.01)
+    across = _nccl.expected_busbw(facts, visible=[1, 2])
+    assert across["worst_link"] == "PHB" and across["worst_pair"] == [1, 2]
+    with pytest.raises(ValueError, match="at least 2 GPUs"):
+        _nccl.expected_busbw(facts, count=1)
+    with pytest.raises(ValueError, match="5 GPUs requested"):
+        _nccl.expected_busbw(facts, count=5)
+    with pytest.raises(ValueError, match="GPU 7"):
+        _nccl.expected_busbw(facts, visible=[0, 7])
+
+
+@pytest.mark.parametrize("gen,width,gbps", [(3, 16, 15.75), (4, 16, 31.51), (5, 16, 63.02), (4, 8, 15.75),
+                                            (2, 16, 8.0), (6, 16, 121.0)])
+def test_pcie_raw_rates(gen, width, gbps):
+    assert _nccl.pcie_raw_gbps(gen, width) == pytest.approx(gbps, abs=0.01)
+
+
+def _synthetic(links, names=("NVIDIA A100-SXM4-80GB",) * 2, gen=4):
+    n = len(names)
+    gpus = [{"index": i, "name": names[i], "pcie": {"gen_max": gen, "width_max": 16, "gen_current": gen,
+                                                    "width_current": 16}} for i in range(n)]
+    return {"gpus": gpus, "links": links}
+
+
+def test_worst_link_of_the_best_ring_mixed_nvlink_bridges():
+    # A40-style: NVLink bridges between pairs (NV4), PCIe SYS across sockets for the rest.
+    links = {"GPU0": {"GPU1": "NV4", "GPU2": "SYS", "GPU3": "SYS"},
+             "GPU1": {"GPU0": "NV4", "GPU2": "SYS", "GPU3": "SYS"},
+             "GPU2": {"GPU0": "SYS", "GPU1": "SYS", "GPU3": "NV4"},
+             "GPU3": {"GPU0": "SYS", "GPU1": "SYS", "GPU2": "NV4"}}
+    model = _nccl.expected_busbw(_synthetic(links, names=("NVIDIA A40",) * 4))
+    assert model["worst_link"] == "SYS"
+    assert model["expected_gbps"] == pytest.approx(31.51 * 0.5, abs=0.01)
+
+
+def test_nvlink5_per_link_rate():
+    links = {"GPU0": {"GPU1": "NV18"}, "GPU1": {"GPU0": "NV18"}}
+    b200 = _nccl.expected_busbw(_synthetic(links, names=("NVIDIA B200",) * 2))
+    h100 = _nccl.expected_busbw(_synthetic(links, names=("NVIDIA H100 80GB HBM3",) * 2))
+    assert b200["expected_gbps"] == 720.0 and h100["expected_gbps"] == 360.0
+
+
+def test_model_errors_name_what_is_missing():
+    with pytest.raises(ValueError, match="no link type between GPU0 and GPU1"):
+        _nccl.expected_busbw(_synthetic({}))
+    facts = _synthetic({"GPU0": {"GPU1": "PIX"}})
+    del facts["gpus"][0]["pcie"]["gen_max"]
+    with pytest.raises(ValueError, match="gen_max"):
+        _nccl.expected_busbw(facts)
+    with pytest.raises(ValueError, match="unknown link type 'FOO'"):
+        _nccl.expected_busbw(_synthetic({"GPU0": {"GPU1": "FOO"}}))
+
+
+def test_diagnose_names_a_link_trained_down(lab_node):
+    causes = _nccl.diagnose(topology_facts(lab_node("l40s-x8-degraded")))
+    assert causes[0].startswith("GPU2 (0000:48:00.0) trained to x8 of x16 below port 0000:47:00.0: "
+                                "a link trained down")
+
+
+def test_diagnose_names_acs_from_p2p_status(lab_node):
+    causes = _nccl.diagnose(topology_facts(lab_node("l40s-4x-switch")))
+    assert len(causes) == 1
+    assert causes[0].startswith("the topology facts showed peer-to-peer reads not OK between GPU0-GPU1 CNS, GPU0-GPU2 CNS")
+    assert "(redirecting bridges: 0000:42:00.0, 0000:42:01.0, 0000:47:00.0, 0000:47:01.0): ACS redirect " \
+        "on a bridge between the GPUs, unless it was cleared since" in causes[0]
+    # NVLink pairs are not blamed for what their PCIe path does.
+    assert _nccl.diagnose(topology_facts(lab_node("h100-sxm-8x"))) == []
+
+
+def test_diagnose_environment_and_fallback():
+    assert _nccl.diagnose({}, {"NCCL_P2P_DISABLE": "1"}) == [
+        "NCCL_P2P_DISABLE is set: NCCL copies through host memory"]
+    half = _nccl.diagnose({}, {}, measured=11.6, expected=24.58)
+    assert half[0].startswith("about half the expected bandwidth: typical of ACS P2P redirect")

@@ -1,0 +1,260 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The nccl_allreduce module end to end: run as Ansible runs it (JSON arguments in, JSON out),
+against the lab's all_reduce_perf stand-in and against small fake binaries that replay real
+outputs, so that every fail-closed path is exercised through the module itself."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MODULE = REPO / "plugins" / "modules" / "nccl_allreduce.py"
+STANDIN = REPO / "lab" / "bin" / "all_reduce_perf"
+DATA = REPO / "tests" / "data" / "nccl"
+
+_spec = importlib.util.spec_from_file_location("nccl_model_helpers", Path(__file__).with_name("test_nccl_model.py"))
+_helpers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_helpers)
+topology_facts = _helpers.topology_facts
+
+
+def run_module(args, check_mode=False):
+    payload = {"ANSIBLE_MODULE_ARGS": dict(args, _ansible_check_mode=check_mode)}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / ".collections"), str(REPO)]))
+    proc = subprocess.run([sys.executable, str(MODULE)], input=json.dumps(payload), capture_output=True,
+                          text=True, env=env, timeout=120)
+    try:
+        return json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise AssertionError(f"module printed no JSON: {proc.stdout!r} {proc.stderr!r}") from None
+
+
+def clear_acs(node):
+    """What pcie_acs does, with the real setpci on the lab tree: redirect bits off."""
+    bridges = sorted({b for i in range(len(node.gpus)) for j in range(len(node.gpus))
+                      for b in node.redirecting_bridges(i, j)})
+    for bdf in bridges:
+        subprocess.run(["setpci", "-O", f"sysfs.path={node.sysfs}", "-s", bdf, "ECAP_ACS+0x6.w=0000:002c"],
+                       check=True)
+    assert not any(node.redirected(i, j) for i in range(len(node.gpus)) for j in range(len(node.gpus)))
+    return bridges
+
+
+def lab_args(node, **extra):
+    args = {"binary": str(STANDIN), "min_busbw_gbps": "auto", "topology": topology_facts(node),
+            "min_bytes": "256M", "max_bytes": "4G",
+            "environment": {"GPUFLEET_LAB_ROOT": str(node.root), "GPUFLEET_LAB_SEED": "7"}}
+    args.update(extra)
+    return args
+
+
+def fake_binary(tmp_path, body, name="fake_all_reduce_perf"):
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def replay(tmp_path, sample, rc=0, text=None):
+    out = tmp_path / "replay.txt"
+    out.write_text(text if text is not None else (DATA / f"{sample}.txt").read_text())
+    return fake_binary(tmp_path, f'cat "{out}"\necho "$@" > "{tmp_path}/argv"\nexit {rc}\n')
+
+
+# --- the lab: ACS on, ACS cleared, a link trained down -----------------------------------------
+
+def test_acs_on_fails_with_measured_expected_and_cause(lab_node):
+    node = lab_node("l40s-4x-switch")
+    res = run_module(lab_args(node))
+    assert res["failed"] and res["passed"] is False and res["kind"] == "low_bandwidth"
+    assert res["threshold_gbps"] == 22.12 and res["expected_busbw_gbps"] == 24.58
+    assert 9.0 < res["judged_busbw_gbps"] < 13.0  # about half: through the root complex
+    assert res["model"] == {"worst_link": "PHB", "worst_pair": [1, 2], "ring": [0, 1, 2, 3],
+                            "basis": "PHB: PCIe Gen4 x16 31.51 GB/s x 0.78"}
+    assert "is under the threshold 22.12 GB/s (a healthy node of this design reaches 24.58)" in res["reason"]
+    assert "ACS redirect on a bridge between the GPUs" in res["reason"]
+    assert res["msg"].startswith(f"NCCL all-reduce gate failed on {STANDIN} -b 268435456 -e 4294967296")
+    assert "# Out of bounds values : 0 OK" in res["stdout"]
+
+
+def test_acs_cleared_passes(lab_node):
+    node = lab_node("l40s-4x-switch")
+    clear_acs(node)
+    res = run_module(lab_args(node, topology=topology_facts(node)))
+    assert not res.get("failed") and res["passed"] is True and res["kind"] == "ok"
+    assert res["changed"] is False
+    assert 22.12 <= res["judged_busbw_gbps"] < 25.0
+    assert [r["size"] for r in res["rows"]] == [256 << 20, 512 << 20, 1 << 30, 2 << 30, 4 << 30]
+    assert res["cmd"] == [str(STANDIN), "-b", "268435456", "-e", "4294967296", "-f", "2", "-g", "4",
+                          "-n", "20", "-w", "5", "-c", "1"]
+    assert res["out_of_bounds"] == 0 and res["avg_busbw_gbps"] > 22
+    assert len(res["runs"]) == 1 and res["rc"] == 0 and res["timestamp"] > 1.7e9
+    assert "stdout" not in res
+
+
+def test_link_trained_down_fails_even_with_acs_cleared(lab_node):
+    node = lab_node("l40s-x8-degraded")
+    clear_acs(node)
+    res = run_module(lab_args(node, topology=topology_facts(node), repeats=2))
+    assert res["failed"] and res["kind"] == "low_bandwidth" and len(res["runs"]) == 2
+    assert res["threshold_gbps"] == 22.12  # the design's bar, not the degraded link's
+    assert "GPU2 (0000:48:00.0) trained to x8 of x16 below port 0000:47:00.0: a link trained down" in res["reason"]
+
+
+def test_nvlink_node_passes_whatever_acs_says(lab_node):
+    node = lab_node("h100-sxm-8x")
+    res = run_module(lab_args(node, min_bytes="1G", max_bytes="8G"))
+    assert res["passed"] is True and res["threshold_gbps"] == 324.0
+    assert res["judged_busbw_gbps"] > 430
+
+
+def test_vfio_bound_gpu_is_not_there_for_cuda(lab_node):
+    node = lab_node("vfio-passthrough")
+    res = run_module(lab_args(node, gpus=4, min_busbw_gbps="22"))
+    assert res["failed"] and res["kind"] == "exit" and res["rc"] == 1
+    assert "invalid device ordinal" in res["reason"]
+
+
+# --- faults of the lab stand-in ----------------------------------------------------------------
+
+def test_wrong_results_fail(lab_node):
+    node = lab_node("h100-sxm-8x")
+    res = run_module(lab_args(node, environment={"GPUFLEET_LAB_ROOT": str(node.root),
+                                                 "GPUFLEET_LAB_ALLREDUCE_FAULT": "wrong"}))
+    assert res["failed"] and res["kind"] == "wrong" and res["rc"] == 1
+    assert res["rows"][0]["wrong_oop"] > 0 and "data corruption" in res["reason"]
+
+
+def test_hang_is_killed_at_the_timeout(lab_node):
+    node = lab_node("l40s-4x-switch")
+    started = time.monotonic()
+    res = run_module(lab_args(node, timeout=3, repeats=3,
+                              environment={"GPUFLEET_LAB_ROOT": str(node.root),
+                                           "GPUFLEET_LAB_ALLREDUCE_FAULT": "hang"}))
+    assert time.monotonic() - started < 30
+    assert res["failed"] and res["kind"] == "timeout" and res["rc"] is None
+    assert len(res["runs"]) == 1  # a hang is not retried
+    assert "did not finish within 3 s" in res["reason"] and len(res["rows"]) == 3
+
+
+def test_death_mid_table_fails(lab_node):
+    node = lab_node("l40s-4x-switch")
+    res = run_module(lab_args(node, environment={"GPUFLEET_LAB_ROOT": str(node.root),
+                                                 "GPUFLEET_LAB_ALLREDUCE_FAULT": "truncate"}))
+    assert res["failed"] and res["kind"] == "exit" and res["rc"] == -9
+    assert "was killed by signal 9 (last size measured: 536870912 B)" in res["reason"]
+
+
+def test_nccl_failure_before_the_first_row(lab_node):
+    node = lab_node("epyc-rootport-acs")
+    res = run_module(lab_args(node, environment={"GPUFLEET_LAB_ROOT": str(node.root), "NCCL_DEBUG": "INFO",
+                                                 "GPUFLEET_LAB_ALLREDUCE_FAULT": "crash"}))
+    assert res["failed"] and res["kind"] == "exit" and res["rows"] == []
+    assert "it said: vm: Test NCCL failure common.cu:392" in res["reason"].replace(os.uname().nodename.split(".")[0], "vm")
+
+
+# --- real outputs replayed: paths the stand-in cannot take --------------------------------------
+
+def test_truncated_output_with_exit_zero(tmp_path):
+    res = run_module({"binary": replay(tmp_path, "p4de-2node-srun-nofooter"), "min_busbw_gbps": "50", "gpus": 8})
+    assert res["failed"] and res["kind"] == "truncated" and res["rc"] == 0
+    assert len(res["rows"]) == 29
+
+
+def test_out_of_bounds_footer_with_exit_zero(tmp_path):
+    text = (DATA / "gh200-2node-v2.17-good.txt").read_text().replace(
+        "# Out of bounds values : 0 OK", "# Out of bounds values : 12 FAILED")
+    res = run_module({"binary": replay(tmp_path, None, text=text), "min_busbw_gbps": "100", "gpus": 4})
+    assert res["failed"] and res["kind"] == "out_of_bounds" and res["out_of_bounds"] == 12
+
+
+def test_no_rows(tmp_path):
+    res = run_module({"binary": replay(tmp_path, "5090-2x-debug-crash"), "min_busbw_gbps": "40", "gpus": 2})
+    assert res["failed"] and res["kind"] == "no_rows"
+
+
+def test_wrong_rows_with_exit_zero(tmp_path):
+    res = run_module({"binary": replay(tmp_path, "dgx-h100-2node-wrong"), "min_busbw_gbps": "1", "gpus": 1})
+    assert res["failed"] and res["kind"] == "wrong"
+
+
+def test_old_format_with_numeric_threshold_passes(tmp_path):
+    binary = replay(tmp_path, "a100-sxm-8x-old-c0")
+    res = run_module({"binary": binary, "min_busbw_gbps": "228", "gpus": 8, "check": False,
+                      "min_bytes": "1", "max_bytes": "8G"})
+    assert res["passed"] is True and res["judged_busbw_gbps"] == 234.37 and res["expected_busbw_gbps"] is None
+    assert (tmp_path / "argv").read_text().split() == ["-b", "1", "-e", "8589934592", "-f", "2", "-g", "8",
+                                                       "-n", "20", "-w", "5", "-c", "0"]
+
+
+def test_best_of_n(tmp_path):
+    low, good = DATA / "gh200-2node-v2.17-noofi.txt", DATA / "gh200-2node-v2.17-good.txt"
+    counter = tmp_path / "n"
+    binary = fake_binary(tmp_path, f'n=$(cat "{counter}" 2>/dev/null || echo 0); echo $((n+1)) > "{counter}"\n'
+                                   f'if [ "$n" = 0 ]; then cat "{low}"; else cat "{good}"; fi\n')
+    res = run_module({"binary": binary, "min_busbw_gbps": "100", "gpus": 8, "repeats": 3})
+    assert res["passed"] is True and [r["kind"] for r in res["runs"]] == ["low_bandwidth", "ok"]
+    assert res["judged_busbw_gbps"] == 107.69
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    binary = fake_binary(tmp_path, f'sleep 300 &\necho $! > "{pidfile}"\n'
+                                   f'head -n 20 "{DATA}/h100-a3mega-2node-new.txt"\nsleep 300\n')
+    res = run_module({"binary": binary, "min_busbw_gbps": "300", "gpus": 8, "timeout": 2})
+    assert res["failed"] and res["kind"] == "timeout"
+    child = int(pidfile.read_text())
+    time.sleep(0.2)
+    assert not _alive(child), "the test's background child outlived the timeout"
+
+
+def _alive(pid):
+    """Running (not gone, not a zombie waiting for a reaper that this container may lack)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_check_mode_does_not_run(tmp_path, lab_node):
+    node = lab_node("l40s-4x-switch")
+    ran = tmp_path / "ran"
+    binary = fake_binary(tmp_path, f'touch "{ran}"\n')
+    res = run_module(lab_args(node, binary=binary), check_mode=True)
+    assert not res.get("failed") and res["passed"] is None and res["kind"] == "check_mode"
+    assert res["threshold_gbps"] == 22.12 and res["cmd"][0] == binary
+    assert not ran.exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    ({"min_busbw_gbps": "fast", "gpus": 2}, "min_busbw_gbps must be a number of GB/s or 'auto', got 'fast'"),
+    ({"min_busbw_gbps": "-3", "gpus": 2}, "min_busbw_gbps must be positive"),
+    ({"min_busbw_gbps": "auto", "gpus": 2}, "min_busbw_gbps is auto but all of the following are missing: topology"),
+    ({"min_busbw_gbps": "22", "gpus": 2, "min_bytes": "1G", "max_bytes": "1M"}, "is larger than max_bytes"),
+    ({"min_busbw_gbps": "22", "gpus": 2, "max_bytes": "lots"}, "'lots' is not a size"),
+    ({"min_busbw_gbps": "22", "gpus": 2, "binary": "/nonexistent/all_reduce_perf"}, "is not an executable file"),
+    ({"min_busbw_gbps": "auto", "topology": {"gpus": [], "links": {}}}, "no GPUs to test"),
+])
+def test_argument_errors(args, message):
+    res = run_module(args)
+    assert res["failed"] and message in res["msg"]
+
+
+def test_cuda_visible_devices_pick_the_gpus_the_model_judges(lab_node):
+    node = lab_node("l40s-4x-switch")
+    clear_acs(node)
+    facts = topology_facts(node)
+    uuid1 = facts["gpus"][1]["uuid"]
+    res = run_module(lab_args(node, topology=facts,
+                              environment={"GPUFLEET_LAB_ROOT": str(node.root), "CUDA_VISIBLE_DEVICES": f"0,{uuid1}"}))
+    assert res["cmd"][res["cmd"].index("-g") + 1] == "2"
+    assert res["model"]["worst_link"] == "PIX" and res["expected_busbw_gbps"] == 25.21
+    assert res["passed"] is True and res["judged_busbw_gbps"] > 22.69  # a PIX pair: the switch alone

@@ -366,6 +366,11 @@ class Fleet:
                     "gpufleet_sysfs_path": f"{HW_IN_NODE}/sys/bus/pci",
                     "gpufleet_sysfs_root": f"{HW_IN_NODE}/sys",
                     "gpufleet_proc_root": f"{HW_IN_NODE}/proc",
+                    # vLLM: the lab's stand-in, run natively (no Docker engine in the lab).
+                    "vllm_server_runtime": "native",
+                    "vllm_server_vllm_bin": "/usr/local/bin/vllm",
+                    "vllm_server_model": "Llama-3.3-70B-Instruct-FP8",
+                    "vllm_server_health_delay": 1,
                     # The registration role talks to the lab's HAProxy (on the controller).
                     "lb_registration_balancer": "lab-balancer",
                     "lb_registration_socket": b["socket"],

@@ -109,10 +109,10 @@ def server_line(name, address, port, check):
 
 
 def config_with_server(text, backend, name, line):
-    """`text` with backend's `server name ...` line replaced by `line` (None: removed).
+    """`text` with backend's `server name ...` line set to `line` (None: removed).
 
-    A new line goes at the end of the backend section. Raises HAProxyError when the backend
-    is not in the file.
+    An existing line is replaced where it stands; a new one goes at the end of the backend
+    section. Raises HAProxyError when the backend is not in the file.
     """
     lines = text.splitlines()
     start = next((i for i, ln in enumerate(lines) if re.match(rf"^backend\s+{re.escape(backend)}\s*$", ln)), None)
@@ -122,12 +122,15 @@ def config_with_server(text, backend, name, line):
                 if re.match(r"^(global|defaults|frontend|backend|listen|peers|resolvers|userlist|program|cache)\b", lines[i])),
                len(lines))
     mine = re.compile(rf"^\s+server\s+{re.escape(name)}\s")
-    body = [ln for ln in lines[start + 1:end] if not mine.match(ln)]
+    body = lines[start + 1:end]
+    at = next((i for i, ln in enumerate(body) if mine.match(ln)), None)
+    body = [ln for ln in body if not mine.match(ln)]
     if line is not None:
-        while body and not body[-1].strip():
-            body.pop()
-        body.append(line)
-        if end < len(lines):
-            body.append("")
-    out = lines[:start + 1] + body + lines[end:]
-    return "\n".join(out) + "\n"
+        if at is None:
+            while body and not body[-1].strip():
+                body.pop()
+            at = len(body)
+            if end < len(lines):
+                body.append("")
+        body.insert(at, line)
+    return "\n".join(lines[:start + 1] + body + lines[end:]) + "\n"

@@ -270,8 +270,8 @@ cmd:
   elements: str
   sample: [/usr/local/bin/all_reduce_perf, -b, "268435456", -e, "4294967296", -f, "2", -g, "4", -n, "20", -w, "5", -c, "1"]
 rc:
-  description: Exit status of the last run (C(null) when killed on timeout or in check mode).
-  returned: always
+  description: Exit status of the last run.
+  returned: when the last run exited (not in check mode, not when killed on timeout)
   type: int
   sample: 0
 duration_s:
@@ -407,7 +407,7 @@ def main():
 
     result = dict(changed=False, passed=None, judged_busbw_gbps=None, threshold_gbps=threshold,
                   expected_busbw_gbps=expected, model=model, reason=None, kind=None, rows=[],
-                  avg_busbw_gbps=None, out_of_bounds=None, cmd=argv, rc=None, duration_s=0.0, runs=[],
+                  avg_busbw_gbps=None, out_of_bounds=None, cmd=argv, duration_s=0.0, runs=[],
                   timestamp=None)
 
     if module.check_mode:
@@ -430,7 +430,11 @@ def main():
         verdict = _nccl.judge(parsed, threshold, p["judge_sizes"], rc=rc, timed_out=timed_out,
                               timeout=p["timeout"], expected_gbps=expected, causes=causes)
         result["duration_s"] = round(result["duration_s"] + duration, 3)
-        result["rc"] = rc
+        # Ansible fails any result whose rc is not 0, so rc is only there when the process exited.
+        if rc is not None:
+            result["rc"] = rc
+        else:
+            result.pop("rc", None)
         result["runs"].append(dict(judged_busbw_gbps=verdict["judged_busbw_gbps"], kind=verdict["kind"],
                                    rc=rc, duration_s=round(duration, 3)))
         candidate = (verdict, parsed)

@@ -92,6 +92,10 @@ def test_config_edit_adds_replaces_and_removes_only_its_line():
     assert "    server node2 10.0.0.2:8000 check\n    server node1 10.0.0.1:8000 check\n\nlisten stats" in added
     moved = H.config_with_server(added, "vllm_pool", "node1", H.server_line("node1", "10.0.0.9", 8000, True))
     assert "10.0.0.1" not in moved and moved.count("server node1 ") == 1
+    # An existing line stays where it is: re-applying the same pool changes nothing.
+    assert H.config_with_server(moved, "vllm_pool", "node2", H.server_line("node2", "10.0.0.2", 8000, True)) == moved
+    moved2 = H.config_with_server(moved, "vllm_pool", "node2", H.server_line("node2", "10.0.0.7", 8000, True))
+    assert moved2.index("server node2 10.0.0.7") < moved2.index("server node1 ")
     assert H.config_with_server(moved, "vllm_pool", "node1", None) == CFG
     with pytest.raises(H.HAProxyError, match="backend 'other' is not in"):
         H.config_with_server(CFG, "other", "node1", None)

@@ -139,7 +139,7 @@ def test_hang_is_killed_at_the_timeout(lab_node):
                               environment={"GPUFLEET_LAB_ROOT": str(node.root),
                                            "GPUFLEET_LAB_ALLREDUCE_FAULT": "hang"}))
     assert time.monotonic() - started < 30
-    assert res["failed"] and res["kind"] == "timeout" and res["rc"] is None
+    assert res["failed"] and res["kind"] == "timeout" and "rc" not in res
     assert len(res["runs"]) == 1  # a hang is not retried
     assert "did not finish within 3 s" in res["reason"] and len(res["rows"]) == 3
 
@@ -230,6 +230,7 @@ def test_check_mode_does_not_run(tmp_path, lab_node):
     binary = fake_binary(tmp_path, f'touch "{ran}"\n')
     res = run_module(lab_args(node, binary=binary), check_mode=True)
     assert not res.get("failed") and res["passed"] is None and res["kind"] == "check_mode"
+    assert "rc" not in res, "Ansible fails any result whose rc is not 0, None included"
     assert res["threshold_gbps"] == 22.12 and res["cmd"][0] == binary
     assert not ran.exists()
 

@@ -123,16 +123,14 @@ class CallbackModule(CallbackBase):
 
 
 def _what(res):
-    """A short description of what would change: the file a diff names, else the module's own words."""
+    """A short description of what would change: the file or object the task manages, else the
+    headers of its diff (a template's diff names only the rendered temporary file)."""
+    for key in ("dest", "path", "changed_ports", "commands", "name"):
+        if res.get(key):
+            value = res[key]
+            return f"{key}: {', '.join(map(str, value)) if isinstance(value, list) else value}"
     diffs = res.get("diff") or []
     if isinstance(diffs, dict):
         diffs = [diffs]
     names = [d.get("after_header") or d.get("before_header") for d in diffs if isinstance(d, dict)]
-    names = [n for n in names if n]
-    if names:
-        return ", ".join(dict.fromkeys(names))
-    for key in ("changed_ports", "commands", "dest", "path", "name"):
-        if res.get(key):
-            value = res[key]
-            return f"{key}: {', '.join(map(str, value)) if isinstance(value, list) else value}"
-    return ""
+    return ", ".join(dict.fromkeys(n for n in names if n))

@@ -1,0 +1,334 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""`vllm serve` for a lab machine: the same command line and config file as vLLM 0.33.0, the same
+start-up refusals, and an OpenAI-style server with `/health`, `/v1/models` and `/metrics`.
+
+The machine is the one `lab.hwmodel.build()` laid out under $GPUFLEET_LAB_ROOT.  Its GPUs (those
+bound to the `nvidia` driver, filtered by CUDA_VISIBLE_DEVICES like CUDA does) decide whether the
+engine starts: weights are split over tensor x pipeline ranks and the KV pool is what remains of
+`memory_total x gpu_memory_utilization` after the weights and what vLLM measures at start-up.  A
+pool <= 0 or one that cannot hold a single `max_model_len` request ends start-up with vLLM's own
+ValueError text (vllm/v1/core/kv_cache_planning.py, 0.33.0) and exit status 1.
+
+The memory constants are the lab's own ("what the GPU measured"), deliberately not the
+collection's planner (plugins/module_utils/_kvplan.py), which estimates them more conservatively:
+the stand-in must not share the bugs of what it tests.
+
+    vllm serve [MODEL] [--config FILE] [--host H] [--port P] [--tensor-parallel-size N] ...
+
+Flags not known to vLLM 0.33.0 (for example `--swap-space`, `--calculate-kv-scales`) are refused
+as vLLM's argument parser refuses them (exit 2).  Environment: GPUFLEET_LAB_VLLM_STARTUP_S
+(seconds before the port opens, default 1), VLLM_API_KEY (or --api-key: /v1 needs a bearer token).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import yaml
+
+from lab.hwmodel import Node
+
+GiB = 1024 ** 3
+MiB = 1024 ** 2
+VERSION = "0.33.0"
+STARTUP_ENV = "GPUFLEET_LAB_VLLM_STARTUP_S"
+
+# The checkpoints this lab "has": hf id -> (layers, kv heads, head_dim, parameters, bytes/param,
+# MLA latent width or 0, hidden, vocab).
+CHECKPOINTS = {
+    "meta-llama/Llama-3.3-70B-Instruct": (80, 8, 128, 70.55e9, 2, 0, 8192, 128256),
+    "meta-llama/Llama-3.1-70B-Instruct": (80, 8, 128, 70.55e9, 2, 0, 8192, 128256),
+    "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic": (80, 8, 128, 72.66e9 / 1, 1, 0, 8192, 128256),
+    "meta-llama/Llama-3.1-8B-Instruct": (32, 8, 128, 8.03e9, 2, 0, 4096, 128256),
+    "Qwen/Qwen2.5-72B-Instruct": (80, 8, 128, 72.71e9, 2, 0, 8192, 152064),
+    "deepseek-ai/DeepSeek-V2-Lite-Chat": (27, 16, 192, 15.71e9, 2, 576, 2048, 102400),
+}
+# Options this stand-in understands (long names, underscores) and their defaults; any other option
+# vLLM 0.33.0 has is accepted and ignored.  REMOVED ones fail like vLLM's parser fails on them.
+OPTIONS = {
+    "model": None, "served_model_name": None, "host": None, "port": 8000,
+    "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "dtype": "auto", "kv_cache_dtype": "auto",
+    "gpu_memory_utilization": 0.92, "kv_cache_memory_bytes": None, "max_model_len": None,
+    "block_size": 16, "max_num_batched_tokens": None, "max_num_seqs": None, "enable_prefix_caching": True,
+    "shutdown_timeout": 0, "api_key": None, "enforce_eager": False, "trust_remote_code": False,
+    "disable_log_stats": False, "enable_log_requests": False, "enable_chunked_prefill": True,
+    "max_logprobs": 20, "seed": 0, "download_dir": None, "quantization": None, "uvicorn_log_level": "info",
+}
+REMOVED = ("swap_space", "calculate_kv_scales", "num_scheduler_steps", "use_v2_block_manager",
+           "preemption_mode", "max_seq_len_to_capture")
+BOOLEAN = {k for k, v in OPTIONS.items() if isinstance(v, bool)}
+
+
+def log(level, msg):
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    print(f"{level} {stamp} [lab-vllm] {msg}", file=sys.stderr, flush=True)
+
+
+def usage_error(msg):
+    print("usage: vllm serve [model_tag] [--config CONFIG] [options]", file=sys.stderr)
+    print(f"vllm: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def parse(argv):
+    """argv after `serve` -> (options dict, error exit code or None)."""
+    opts = {}
+    positional = []
+    cli = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--"):
+            key, eq, value = arg[2:].partition("=")
+            key = key.replace("-", "_")
+            flag = key in BOOLEAN or key.startswith(("enable_", "disable_", "no_"))
+            if flag and not eq:
+                if key.startswith("no_"):
+                    cli[key[3:]] = False
+                elif key.startswith("disable_") and "enable_" + key[8:] in OPTIONS:
+                    cli["enable_" + key[8:]] = False
+                else:
+                    cli[key] = True
+            elif flag:
+                cli[key] = value.lower() in ("1", "true", "yes")
+            else:
+                if not eq:
+                    i += 1
+                    if i >= len(argv):
+                        return None, usage_error(f"argument --{key.replace('_', '-')}: expected one argument")
+                    value = argv[i]
+                cli[key] = value
+        else:
+            positional.append(arg)
+        i += 1
+    if "config" in cli:
+        try:
+            with open(cli.pop("config")) as handle:
+                loaded = yaml.safe_load(handle) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            return None, usage_error(f"argument --config: {exc}")
+        opts.update({str(k).replace("-", "_"): v for k, v in loaded.items()})
+    opts.update(cli)  # CLI > file > defaults
+    bad = [k for k in opts if k in REMOVED]
+    if bad:
+        return None, usage_error("unrecognized arguments: " + " ".join("--" + k.replace("_", "-") for k in bad))
+    if positional:
+        opts["model"] = positional[0]
+    merged = dict(OPTIONS)
+    merged.update(opts)
+    for key in ("port", "tensor_parallel_size", "pipeline_parallel_size", "block_size", "max_model_len",
+                "max_num_batched_tokens", "max_num_seqs", "kv_cache_memory_bytes", "shutdown_timeout"):
+        if merged.get(key) is not None:
+            try:
+                merged[key] = int(merged[key])
+            except (TypeError, ValueError):
+                return None, usage_error(f"argument --{key.replace('_', '-')}: invalid int value: {merged[key]!r}")
+    merged["gpu_memory_utilization"] = float(merged["gpu_memory_utilization"])
+    if isinstance(merged.get("served_model_name"), list):
+        merged["served_model_name"] = merged["served_model_name"][0]
+    if not merged.get("model"):
+        merged["model"] = "Qwen/Qwen3-0.6B"  # vLLM's default model
+    return merged, None
+
+
+def visible_gpus(node):
+    gpus = [g for g in node.gpus if g.driver in (None, "nvidia")]
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mask is not None and mask.strip() != "":
+        keep = [int(x) for x in mask.split(",") if x.strip().isdigit()]
+        gpus = [gpus[i] for i in keep if i < len(gpus)]
+    return gpus
+
+
+def engine_check(opts, gpus):
+    """Start-up as vLLM does it; returns (error text or None, facts dict)."""
+    model = opts["model"]
+    if model not in CHECKPOINTS:
+        return (f"OSError: {model} is not a local folder and is not a valid model identifier listed on "
+                f"'https://huggingface.co/models'"), {}
+    layers, kv_heads, head_dim, params, wbytes, mla, hidden, vocab = CHECKPOINTS[model]
+    tp, pp = opts["tensor_parallel_size"], opts["pipeline_parallel_size"]
+    world = tp * pp
+    if world > len(gpus):
+        return (f"ValueError: World size ({world}) is larger than the number of available GPUs "
+                f"({len(gpus)}) in this node. If this is intentional, you may want to start a Ray "
+                f"cluster."), {}
+    total = min(g.memory_total_mib for g in gpus[:world]) * MiB
+    requested = total * opts["gpu_memory_utilization"]
+    weights = params * wbytes / world
+    if weights > total:
+        return ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a "
+                f"total capacity of {total / GiB:.2f} GiB of which 0 bytes is free."), {}
+    kv_bytes = 1 if str(opts["kv_cache_dtype"]).startswith("fp8") else 2
+    per_layer = mla * kv_bytes if mla else 2 * max(1, kv_heads // tp) * head_dim * kv_bytes
+    layers_here = math.ceil(layers / pp)
+    batched = opts["max_num_batched_tokens"] or (8192 if total >= 70 * GiB else 2048)
+    seqs = opts["max_num_seqs"] or (1024 if total >= 70 * GiB else 256)
+    measured = (0.8 * GiB if world > 1 else 0.3 * GiB) + (0 if opts["enforce_eager"] else 0.4 * GiB) \
+        + batched * hidden * 6 * 2 / max(1, tp) + seqs * vocab * 4
+    if opts.get("kv_cache_memory_bytes"):
+        pool = opts["kv_cache_memory_bytes"]
+    else:
+        pool = int(requested - weights - measured)
+    max_len = opts["max_model_len"] or 131072
+    block = opts["block_size"]
+    page = per_layer * layers_here * block
+    facts = {"pool": pool, "weights": weights, "requested": requested, "max_model_len": max_len}
+    if pool <= 0:
+        return ("ValueError: No available memory for the cache blocks. Try increasing "
+                "`gpu_memory_utilization` when initializing the engine (this flag also controls CPU memory "
+                "reservation on the CPU backend, despite its name). See "
+                "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."), facts
+    blocks = pool // page
+    needed = math.ceil(max_len / block) * page
+    if needed > pool:
+        estimate = blocks * block
+        est = (f"Based on the available memory, the estimated maximum model length is {estimate}. "
+               if estimate > 0 else "")
+        return ("ValueError: To serve at least one request with the model's max seq len "
+                f"({max_len}), ({round(needed / GiB, 2)} GiB KV cache is needed, which is larger than the "
+                f"available KV cache memory ({round(pool / GiB, 2)} GiB). {est}Try increasing "
+                "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing "
+                "`max_model_len` when initializing the engine. See "
+                "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."), facts
+    facts.update(blocks=blocks, tokens=int(blocks / math.ceil(max_len / block) * max_len),
+                 concurrency=blocks / math.ceil(max_len / block))
+    return None, facts
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def make_handler(opts, facts):
+    served = opts.get("served_model_name") or opts["model"]
+    api_key = opts.get("api_key") or os.environ.get("VLLM_API_KEY")
+    started = int(time.time())
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "uvicorn"
+        sys_version = ""
+
+        def log_message(self, fmt, *args):  # uvicorn-like access log on stderr
+            log("INFO", '%s - "%s" %s' % (self.client_address[0], self.requestline, args[1] if len(args) > 1 else ""))
+
+        def _send(self, code, body=b"", ctype="application/json"):
+            self.send_response(code)
+            self.send_header("content-type", ctype)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            path = self.path.split("?", 1)[0]
+            if path == "/health":
+                return self._send(200, b"")
+            if path == "/metrics":
+                return self._send(200, metrics(served).encode(), "text/plain; version=0.0.4; charset=utf-8")
+            if path.startswith("/v1/") and api_key and self.headers.get("Authorization") != f"Bearer {api_key}":
+                return self._send(401, json.dumps({"error": "Unauthorized"}).encode())
+            if path == "/v1/models":
+                body = {"object": "list", "data": [{
+                    "id": served, "object": "model", "created": started, "owned_by": "vllm",
+                    "root": opts["model"], "parent": None, "max_model_len": facts["max_model_len"],
+                    "permission": []}]}
+                return self._send(200, json.dumps(body).encode())
+            if path == "/version":
+                return self._send(200, json.dumps({"version": VERSION}).encode())
+            return self._send(404, json.dumps({"detail": "Not Found"}).encode())
+
+        do_HEAD = do_GET
+
+    return Handler
+
+
+def metrics(served):
+    labels = f'engine="0",model_name="{served}"'
+    lines = []
+    for name, kind, helptext in (
+            ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches."),
+            ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
+            ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
+            ("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine."),
+            ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed."),
+            ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.")):
+        lines += [f"# HELP {name} {helptext}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} 0.0"]
+    for name, helptext in (("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds."),
+                           ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds."),
+                           ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.")):
+        lines += [f"# HELP {name} {helptext}", f"# TYPE {name} histogram",
+                  f'{name}_bucket{{{labels},le="+Inf"}} 0.0', f"{name}_count{{{labels}}} 0.0",
+                  f"{name}_sum{{{labels}}} 0.0"]
+    return "\n".join(lines) + "\n"
+
+
+def serve(argv):
+    opts, code = parse(argv)
+    if code is not None:
+        return code
+    log("INFO", f"vLLM API server version {VERSION}")
+    log("INFO", "non-default args: %s" % {k: v for k, v in opts.items() if OPTIONS.get(k) != v and k != "api_key"})
+    try:
+        node = Node.load()
+    except RuntimeError as exc:
+        print(f"RuntimeError: Failed to infer device type ({exc})", file=sys.stderr)
+        return 1
+    gpus = visible_gpus(node)
+    if not gpus:
+        print("RuntimeError: Failed to infer device type", file=sys.stderr)
+        return 1
+    error, facts = engine_check(opts, gpus)
+    if facts.get("weights"):
+        log("INFO", "Model loading took %.2f GiB memory" % (facts["weights"] / GiB))
+    if "pool" in facts:
+        log("INFO", "Available KV cache memory: %s GiB" % round(facts["pool"] / GiB, 2))
+    if error:
+        print(error, file=sys.stderr)
+        print("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+              file=sys.stderr)
+        return 1
+    log("INFO", "GPU KV cache size: {:,} tokens, Maximum concurrency for {:,} tokens per request: {:.2f}x".format(
+        facts["tokens"], facts["max_model_len"], facts["concurrency"]))
+    time.sleep(float(os.environ.get(STARTUP_ENV, "1")))
+    host = opts.get("host") or "0.0.0.0"
+    try:
+        httpd = Server((host, opts["port"]), make_handler(opts, facts))
+    except OSError as exc:
+        print(f"OSError: [Errno {exc.errno}] error while attempting to bind on address "
+              f"('{host}', {opts['port']}): {exc.strerror}", file=sys.stderr)
+        return 1
+
+    def stop(signum, _frame):
+        log("INFO", "Shutting down FastAPI HTTP server.")
+        threading.Thread(target=httpd.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log("INFO", f"Starting vLLM API server 0 on http://{host}:{opts['port']}")
+    log("INFO", "Application startup complete.")
+    httpd.serve_forever()
+    httpd.server_close()
+    return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["--version"], ["-v"]):
+        print(VERSION)
+        return 0
+    if argv[:1] != ["serve"]:
+        return usage_error("only `vllm serve` is simulated in the lab")
+    return serve(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,7 +13,7 @@ version_added: 0.1.0
 description:
   - Puts one server of an HAProxy backend in the wanted state through the runtime API (the admin
     stats socket), with HAProxy's dynamic servers (C(add server), C(enable health),
-    C(enable server), C(set server ... state drain|maint), C(del server)), so that no reload
+    C(set server ... state ready|drain|maint), C(del server)), so that no reload
     drops connections.
   - With O(config_file), also keeps the server's line in the backend section of the
     configuration file, so that a restart of the balancer keeps the pool.
@@ -34,7 +34,7 @@ options:
     type: str
     required: true
   name:
-    description: Server name in the backend (letters, digits, C(. _ : -)).
+    description: Server name in the backend; letters, digits and the characters C(.), C(_), C(:) and C(-).
     type: str
     required: true
   address:
@@ -77,6 +77,7 @@ attributes:
     support: full
     description: The server's state before and after, and the config file's text.
   platform:
+    support: full
     platforms: posix
     description: Runs where the runtime socket is (delegate to the balancer).
 """

@@ -51,6 +51,9 @@ def parser():
     status.add_argument("--json", action="store_true", help="machine-readable")
     inv = sub.add_parser("inventory", help=f"write the Ansible inventory ({DEFAULT_INVENTORY.relative_to(DEFAULT_INVENTORY.parents[2])})")
     inv.add_argument("--output", metavar="FILE", help="write it here instead")
+    rep = sub.add_parser("report", help="per node: gate verdict and pool membership against what a correct "
+                                    "run must leave; exit 1 on any mismatch")
+    rep.add_argument("--json", action="store_true", help="machine-readable")
     return p
 
 
@@ -94,6 +97,15 @@ def main(argv=None):
                 _print_status(st)
         elif args.verb == "inventory":
             print(fleet.write_inventory(args.output))
+        elif args.verb == "report":
+            from . import report
+            rows, pool_error = report.gather(fleet)
+            if args.json:
+                json.dump({"nodes": rows, "balancer_error": pool_error}, sys.stdout, indent=1)
+                print()
+            else:
+                print(report.render(rows, pool_error))
+            return 0 if all(r["ok"] for r in rows) and not pool_error else 1
     except LabError as exc:
         print(f"lab {args.verb}: {exc}", file=sys.stderr)
         return 1

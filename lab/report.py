@@ -1,0 +1,75 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The fleet report: per node, what the playbooks left (gate verdict, pool membership) against
+what a correct run must leave (`expect_registered` of its profile)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .preflight import LabError
+
+MARKER = "/run/gpufleet/nccl-gate.json"
+
+
+def _collection_path():
+    repo = Path(__file__).resolve().parent.parent
+    path = str(repo / ".collections")
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+
+def gather(fleet):
+    """[{name, profile, expect_registered, registered, pool_state, gate, busbw, threshold, reason, ok}]"""
+    _collection_path()
+    from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import HAProxyError, RuntimeAPI
+
+    data = fleet.data()
+    if not data:
+        raise LabError(f"no lab at {fleet.state}: run `python -m lab up` first")
+    bal = fleet.balancer(data)
+    try:
+        pool = RuntimeAPI(bal.spec["socket"]).servers(bal.spec["backend"])
+        pool_error = None
+    except HAProxyError as exc:
+        pool, pool_error = {}, str(exc)
+    rows = []
+    for m in fleet.machines(data):
+        name = m.spec["name"]
+        marker = {}
+        if m.pid():
+            out = m.nsenter("cat", MARKER, timeout=10)
+            if out.returncode == 0:
+                try:
+                    marker = json.loads(out.stdout)
+                except ValueError:
+                    marker = {"reason": f"unreadable marker: {out.stdout[:80]!r}"}
+        server = pool.get(name)
+        registered = server is not None and server["state"] == "ready"
+        gate = "no marker" if not marker else ("passed" if marker.get("passed") else "FAILED")
+        if marker and marker.get("boot_id") != m.boot_id():
+            gate += " (old boot)"
+        rows.append({
+            "name": name, "profile": m.spec["profile"], "expect_registered": m.spec["expect_registered"],
+            "registered": registered, "pool_state": server["state"] if server else "absent",
+            "health": server["op_state"] if server else "-", "gate": gate,
+            "busbw_gbps": marker.get("judged_busbw_gbps"), "threshold_gbps": marker.get("threshold_gbps"),
+            "reason": marker.get("reason") or "", "ok": registered == m.spec["expect_registered"],
+        })
+    return rows, pool_error
+
+
+def render(rows, pool_error=None):
+    lines = [f"{'NODE':<8} {'PROFILE':<18} {'GATE':<18} {'BUSBW/THRESHOLD GB/s':<21} {'POOL':<8} "
+             f"{'EXPECTED':<9} VERDICT"]
+    for r in rows:
+        bw = (f"{r['busbw_gbps']:.1f} / {r['threshold_gbps']:.1f}"
+              if r["busbw_gbps"] is not None and r["threshold_gbps"] is not None else "-")
+        lines.append(f"{r['name']:<8} {r['profile']:<18} {r['gate']:<18} {bw:<21} {r['pool_state']:<8} "
+                     f"{'in' if r['expect_registered'] else 'out':<9} {'ok' if r['ok'] else 'WRONG'}")
+    for r in rows:
+        if r["gate"].startswith("FAILED"):
+            lines.append(f"  {r['name']}: {r['reason']}")
+    if pool_error:
+        lines.append(f"  balancer: {pool_error}")
+    return "\n".join(lines)

@@ -12,13 +12,13 @@ if [[ ! -x $venv/bin/ansible-test ]]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check "$(grep '^ansible-core==' "$repo/requirements.txt")"
 fi
-work=${GPUFLEET_SANITY_DIR:-$repo/build/sanity}
+work=$(mktemp -d -t gpufleet-sanity.XXXXXX)
+trap 'rm -rf "$work"' EXIT
 dest=$work/ansible_collections/gpufleet/node
 # ansible-test bootstraps pip in each of its venvs with a script it downloads; give it ours.
 pip_version=$(grep -oP "^\s+pip='\K[0-9.]+" "$venv"/lib/python3*/site-packages/ansible_test/_internal/python_requirements.py)
 mkdir -p ~/.ansible/test/cache
 cp "$repo/tests/sanity/get_pip.py" ~/.ansible/test/cache/get_pip_${pip_version//./_}.py
-rm -rf "$dest"
 mkdir -p "$dest"
 # The collection, without the lab or what git ignores; ansible-test reads only what is here.
 (cd "$repo" && git ls-files -co --exclude-standard -z \
@@ -26,5 +26,5 @@ mkdir -p "$dest"
    | tar --null -T - -cf -) | tar -xf - -C "$dest"
 cd "$dest"
 git init -q . && git add -A >/dev/null
-exec "$venv/bin/ansible-test" sanity --local --python 3.11 --requirements \
+"$venv/bin/ansible-test" sanity --local --python 3.11 --requirements \
   --exclude tests/ --color no "$@"

@@ -46,24 +46,10 @@ def ansible_env():
     return env
 
 
-def _run_module(name, args, check_mode=False, diff=False, env=None):
-    """Run plugins/modules/<name>.py as Ansible runs it (JSON args on stdin); return its JSON."""
-    import json
-    import subprocess
-
-    payload = {"ANSIBLE_MODULE_ARGS": dict(args, _ansible_check_mode=check_mode, _ansible_diff=diff)}
-    environ = dict(os.environ, **(env or {}))
-    environ["PYTHONPATH"] = os.pathsep.join([str(REPO / ".collections"), str(REPO)])
-    proc = subprocess.run([sys.executable, str(REPO / "plugins" / "modules" / f"{name}.py")],
-                          input=json.dumps(payload), capture_output=True, text=True, env=environ,
-                          timeout=300)
-    try:
-        return json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        raise AssertionError(f"{name} printed no JSON: {proc.stdout!r} {proc.stderr!r}") from None
-
 
 @pytest.fixture
 def run_module():
     """``run_module('pcie_acs', {...}, check_mode=True, diff=True)`` -> the module's result."""
-    return _run_module
+    from tests.support import run_module as run
+
+    return run

@@ -5,17 +5,16 @@ outputs, so that every fail-closed path is exercised through the module itself."
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests import support
+
 REPO = Path(__file__).resolve().parents[2]
-MODULE = REPO / "plugins" / "modules" / "nccl_allreduce.py"
 STANDIN = REPO / "lab" / "bin" / "all_reduce_perf"
 DATA = REPO / "tests" / "data" / "nccl"
 
@@ -26,14 +25,7 @@ topology_facts = _helpers.topology_facts
 
 
 def run_module(args, check_mode=False):
-    payload = {"ANSIBLE_MODULE_ARGS": dict(args, _ansible_check_mode=check_mode)}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / ".collections"), str(REPO)]))
-    proc = subprocess.run([sys.executable, str(MODULE)], input=json.dumps(payload), capture_output=True,
-                          text=True, env=env, timeout=120)
-    try:
-        return json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        raise AssertionError(f"module printed no JSON: {proc.stdout!r} {proc.stderr!r}") from None
+    return support.run_module("nccl_allreduce", args, check_mode=check_mode)
 
 
 def clear_acs(node):

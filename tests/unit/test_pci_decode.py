@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import struct
 import subprocess
 from pathlib import Path
@@ -13,31 +12,10 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.gpufleet.node.plugins.module_utils import _pci
+from tests.support import DEV_LINE, lspci_acs, needs_lspci
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "pci"
 CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus" / "lspci"
-
-needs_lspci = pytest.mark.skipif(not shutil.which("lspci"), reason="pciutils is not installed")
-
-_DEV_LINE = re.compile(r"^((?:[0-9a-f]{4}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) ")
-_ACS_LINE = re.compile(r"^\t\t(ACSCap|ACSCtl):\t(.*)$")
-
-
-def lspci_acs(text):
-    """``{bdf: {'ACSCap': {name: bool}, 'ACSCtl': {...}}}`` from `lspci -vvv` output."""
-    result, current = {}, None
-    for line in text.splitlines():
-        match = _DEV_LINE.match(line)
-        if match:
-            current = match.group(1)
-            result[current] = {}
-            continue
-        match = _ACS_LINE.match(line)
-        if match and current:
-            result[current][match.group(1)] = dict(
-                (flag[:-1], flag[-1] == "+") for flag in match.group(2).split())
-    return result
-
 
 def flags(value):
     decoded = _pci.decode_acs(value)
@@ -225,7 +203,7 @@ def run_lspci_dump(path):
 def hex_only(text):
     """The dump lines of a file that mixes `lspci -vvv` text with its hex dump."""
     keep = [line for line in text.splitlines()
-            if _DEV_LINE.match(line) or re.match(r"^[0-9a-f]{2,3}: ", line)]
+            if DEV_LINE.match(line) or re.match(r"^[0-9a-f]{2,3}: ", line)]
     return "\n".join(keep) + "\n"
 
 

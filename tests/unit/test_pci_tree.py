@@ -5,34 +5,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 
 import pytest
 
 from ansible_collections.gpufleet.node.plugins.module_utils import _pci
-
-needs_lspci = pytest.mark.skipif(not shutil.which("lspci"), reason="pciutils is not installed")
-
-_DEV_LINE = re.compile(r"^((?:[0-9a-f]{4}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) ")
-_ACS_LINE = re.compile(r"^\t\t(ACSCap|ACSCtl):\t(.*)$")
-
-
-def lspci_acs(text):
-    """``{bdf: {'ACSCap': {name: bool}, 'ACSCtl': {...}}}`` from `lspci -vvv` output."""
-    result, current = {}, None
-    for line in text.splitlines():
-        match = _DEV_LINE.match(line)
-        if match:
-            current = match.group(1)
-            result[current] = {}
-            continue
-        match = _ACS_LINE.match(line)
-        if match and current:
-            result[current][match.group(1)] = dict(
-                (flag[:-1], flag[-1] == "+") for flag in match.group(2).split())
-    return result
-
+from tests.support import lspci_acs, needs_lspci
 
 def flags(value):
     decoded = _pci.decode_acs(value)

@@ -5,32 +5,22 @@ planner's arithmetic against vLLM's own start-up logs (tests/data/vllm/, sources
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests import support
+
 from ansible_collections.gpufleet.node.plugins.module_utils import _kvplan
 
 REPO = Path(__file__).resolve().parents[2]
-MODULE = REPO / "plugins" / "modules" / "vllm_memory_plan.py"
 DATA = REPO / "tests" / "data" / "vllm"
 GiB = 1024 ** 3
 
 
 def run_module(args, check_mode=False):
-    payload = {"ANSIBLE_MODULE_ARGS": dict(args, _ansible_check_mode=check_mode)}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / ".collections"), str(REPO)]))
-    proc = subprocess.run([sys.executable, str(MODULE)], input=json.dumps(payload), capture_output=True,
-                          text=True, env=env, timeout=120)
-    try:
-        return json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        raise AssertionError("module printed no JSON: %r %r" % (proc.stdout, proc.stderr)) from None
+    return support.run_module("vllm_memory_plan", args, check_mode=check_mode)
 
 
 @pytest.mark.parametrize("check_mode", [False, True])

@@ -3,7 +3,7 @@
 # (pciutils: lspci/setpci), then the pinned controller venv in .venv. Idempotent.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-debs=(pciutils iproute2 openssh-server openssh-client haproxy systemd git python3 python3-yaml)
+debs=(pciutils iproute2 openssh-server openssh-client haproxy systemd git python3 python3-yaml python3-prometheus-client)
 missing=()
 for pkg in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

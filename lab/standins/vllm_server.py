@@ -18,6 +18,21 @@ the stand-in must not share the bugs of what it tests.
 Flags not known to vLLM 0.33.0 (for example `--swap-space`, `--calculate-kv-scales`) are refused
 as vLLM's argument parser refuses them (exit 2).  Environment: GPUFLEET_LAB_VLLM_STARTUP_S
 (seconds before the port opens, default 1), VLLM_API_KEY (or --api-key: /v1 needs a bearer token).
+
+Serving (lab/standins/vllm_engine.py): `/v1/completions` and `/v1/chat/completions`, streamed
+(server-sent events, as vLLM's OpenAI server sends them) or not, run by a small continuous-batching
+engine whose KV pool is this node's (blocks of `block_size` tokens), whose admission follows
+`max_num_seqs` and `max_num_batched_tokens`, and which preempts the newest request when a decode
+step finds no free block.  TTFT and inter-token latency therefore respond to load and capacity, and
+`/metrics` counts what happened (gauges, counters, histograms with vLLM's buckets).  Knobs, from the
+environment (a systemd drop-in in the lab):
+
+    GPUFLEET_LAB_VLLM_PREFILL_TPS        prefill tokens per second (default 20000)
+    GPUFLEET_LAB_VLLM_ITL_S              decode step time with one sequence (default 0.02)
+    GPUFLEET_LAB_VLLM_ITL_PER_SEQ_S      added per running sequence (default 0.0002)
+    GPUFLEET_LAB_VLLM_KV_TOKENS          KV pool in tokens (default: what the node's GPUs hold)
+    GPUFLEET_LAB_VLLM_RSS_GROWTH_MIB_S   resident memory the server leaks per second (default 0)
+    GPUFLEET_LAB_VLLM_RSS_TTFT_S_PER_GIB added prefill time per GiB leaked (fragmentation, default 2)
 """
 from __future__ import annotations
 
@@ -34,6 +49,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import yaml
 
 from lab.hwmodel import Node
+from lab.standins.vllm_engine import Engine, EngineError, RSSLeak, prompt_tokens
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
@@ -180,7 +196,8 @@ def engine_check(opts, gpus):
     max_len = opts["max_model_len"] or 131072
     block = opts["block_size"]
     page = per_layer * layers_here * block
-    facts = {"pool": pool, "weights": weights, "requested": requested, "max_model_len": max_len}
+    facts = {"pool": pool, "weights": weights, "requested": requested, "max_model_len": max_len,
+             "max_num_batched_tokens": batched, "max_num_seqs": seqs}
     if pool <= 0:
         return ("ValueError: No available memory for the cache blocks. Try increasing "
                 "`gpu_memory_utilization` when initializing the engine (this flag also controls CPU memory "
@@ -208,7 +225,7 @@ class Server(ThreadingHTTPServer):
     allow_reuse_address = True
 
 
-def make_handler(opts, facts):
+def make_handler(opts, facts, engine=None):
     served = opts.get("served_model_name") or opts["model"]
     api_key = opts.get("api_key") or os.environ.get("VLLM_API_KEY")
     started = int(time.time())
@@ -233,7 +250,8 @@ def make_handler(opts, facts):
             if path == "/health":
                 return self._send(200, b"")
             if path == "/metrics":
-                return self._send(200, metrics(served).encode(), "text/plain; version=0.0.4; charset=utf-8")
+                text = engine.metrics(served) if engine else metrics(served)
+                return self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
             if path.startswith("/v1/") and api_key and self.headers.get("Authorization") != f"Bearer {api_key}":
                 return self._send(401, json.dumps({"error": "Unauthorized"}).encode())
             if path == "/v1/models":
@@ -247,6 +265,78 @@ def make_handler(opts, facts):
             return self._send(404, json.dumps({"detail": "Not Found"}).encode())
 
         do_HEAD = do_GET
+
+        def do_POST(self):  # noqa: N802
+            path = self.path.split("?", 1)[0]
+            if path.startswith("/v1/") and api_key and self.headers.get("Authorization") != f"Bearer {api_key}":
+                return self._send(401, json.dumps({"error": "Unauthorized"}).encode())
+            if path not in ("/v1/completions", "/v1/chat/completions") or engine is None:
+                return self._send(404, json.dumps({"detail": "Not Found"}).encode())
+            try:
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
+            except ValueError as exc:
+                return self._error(400, f"Invalid JSON body: {exc}", "BadRequestError")
+            if body.get("model", served) != served:
+                return self._error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+            chat = path.endswith("chat/completions")
+            n_prompt = prompt_tokens(body.get("messages") if chat else body.get("prompt"))
+            max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+            if n_prompt + max_tokens > facts["max_model_len"]:
+                return self._error(400, (
+                    f"This model's maximum context length is {facts['max_model_len']} tokens. However, you "
+                    f"requested {n_prompt + max_tokens} tokens ({n_prompt} in the messages, {max_tokens} in the "
+                    "completion). Please reduce the length of the messages or completion."), "BadRequestError")
+            try:
+                request = engine.submit(n_prompt, max_tokens)
+            except EngineError as exc:
+                return self._error(503, str(exc), "ServiceUnavailableError")
+            if body.get("stream"):
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return self._stream(request, chat, include_usage)
+            tokens = list(request.tokens())
+            text = "".join(tokens)
+            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+                      if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
+            out = {"id": request.id, "object": "chat.completion" if chat else "text_completion",
+                   "created": int(time.time()), "model": served, "choices": [choice],
+                   "usage": {"prompt_tokens": n_prompt, "completion_tokens": len(tokens),
+                             "total_tokens": n_prompt + len(tokens)}}
+            return self._send(200, json.dumps(out).encode())
+
+        def _error(self, code, message, kind):
+            body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+            return self._send(code, json.dumps(body).encode())
+
+        def _stream(self, request, chat, include_usage):
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream; charset=utf-8")
+            self.send_header("connection", "close")
+            self.end_headers()
+            kind = "chat.completion.chunk" if chat else "text_completion"
+            created = int(time.time())
+            count = 0
+            try:
+                for token in request.tokens():
+                    count += 1
+                    choice = ({"index": 0, "delta": {"content": token}, "logprobs": None, "finish_reason": None}
+                              if chat else {"index": 0, "text": token, "logprobs": None, "finish_reason": None,
+                                            "stop_reason": None})
+                    if count == request.max_tokens:
+                        choice["finish_reason"] = "length"
+                    chunk = {"id": request.id, "object": kind, "created": created, "model": served,
+                             "choices": [choice]}
+                    self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                    self.wfile.flush()
+                if include_usage:
+                    chunk = {"id": request.id, "object": kind, "created": created, "model": served, "choices": [],
+                             "usage": {"prompt_tokens": request.prompt_len, "completion_tokens": count,
+                                       "total_tokens": request.prompt_len + count}}
+                    self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                request.abort()
+            self.close_connection = True
 
     return Handler
 
@@ -300,8 +390,10 @@ def serve(argv):
         facts["tokens"], facts["max_model_len"], facts["concurrency"]))
     time.sleep(float(os.environ.get(STARTUP_ENV, "1")))
     host = opts.get("host") or "0.0.0.0"
+    engine = Engine.from_environment(opts, facts, os.environ)
+    leak = RSSLeak.from_environment(os.environ, engine)
     try:
-        httpd = Server((host, opts["port"]), make_handler(opts, facts))
+        httpd = Server((host, opts["port"]), make_handler(opts, facts, engine))
     except OSError as exc:
         print(f"OSError: [Errno {exc.errno}] error while attempting to bind on address "
               f"('{host}', {opts['port']}): {exc.strerror}", file=sys.stderr)
@@ -315,6 +407,9 @@ def serve(argv):
     signal.signal(signal.SIGINT, stop)
     log("INFO", f"Starting vLLM API server 0 on http://{host}:{opts['port']}")
     log("INFO", "Application startup complete.")
+    engine.start()
+    if leak:
+        leak.start()
     httpd.serve_forever()
     httpd.server_close()
     return 0

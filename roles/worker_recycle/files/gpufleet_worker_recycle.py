@@ -1,0 +1,250 @@
+# -*- coding: utf-8 -*-
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""gpufleet-worker-recycle: one sample of a vLLM worker's decay, and a recycle when it is due.
+
+Run by gpufleet-worker-recycle.timer (installed by the gpufleet.node.worker_recycle role). Each run:
+reads the resident memory of the vLLM unit's processes and the TTFT p95 since the previous run,
+judges the window (gpufleet.node's _recycle.judge), logs the verdict, writes Prometheus textfile
+metrics and a status file, and - when RSS grows steadily and the action is `recycle` - drains the
+node in the balancer, restarts the server, waits for /health and returns the node.
+
+    python3 /usr/local/lib/gpufleet/gpufleet_worker_recycle.py [--config /etc/gpufleet/worker-recycle.json]
+        [--dry-run]
+
+Exit status: 0 (sampled, maybe recycled), 1 (a recycle failed: the node is left drained), 2 (bad
+configuration).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+DEFAULT_CONFIG = "/etc/gpufleet/worker-recycle.json"
+
+
+def log(message, **fields):
+    extra = " ".join("%s=%s" % (k, json.dumps(v) if isinstance(v, str) and " " in v else v)
+                     for k, v in sorted(fields.items()))
+    print(("%s %s" % (message, extra)).strip(), flush=True)
+
+
+def atomic_write(path, text, mode=0o644):
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    with open(tmp, "w") as handle:
+        handle.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def systemctl(*args, check=True):
+    proc = subprocess.run(["systemctl"] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, env=dict(os.environ, LC_ALL="C"), check=False)
+    if check and proc.returncode:
+        raise RuntimeError("systemctl %s failed (%d): %s" % (" ".join(args), proc.returncode, proc.stderr.strip()))
+    return proc.stdout
+
+
+def unit_processes(unit, cgroup_root):
+    """(main pid, [pids of the unit's cgroup])."""
+    out = systemctl("show", "-p", "MainPID", "-p", "ControlGroup", unit)
+    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    main = int(props.get("MainPID") or 0)
+    pids = []
+    group = props.get("ControlGroup") or ""
+    if group:
+        try:
+            with open(os.path.join(cgroup_root, group.lstrip("/"), "cgroup.procs")) as handle:
+                pids = [int(p) for p in handle.read().split()]
+        except OSError:
+            pids = []
+    if not pids and main:
+        pids = [main]
+    return main, pids
+
+
+def rss_bytes(pids, proc_root="/proc"):
+    total = 0
+    for pid in pids:
+        try:
+            with open(os.path.join(proc_root, str(pid), "status")) as handle:
+                for line in handle:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+                        break
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def fetch(url, timeout=10):
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return resp.status, resp.read().decode("utf-8", "replace")
+
+
+def load_state(path):
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return {}
+
+
+class Agent:
+    def __init__(self, config, vm, rc, dry_run=False):
+        self.cfg = config
+        self.vm = vm
+        self.rc = rc
+        self.dry_run = dry_run
+
+    # --- the balancer ---------------------------------------------------------------------------
+    def balancer(self, state):
+        bal = self.cfg.get("balancer") or {}
+        method = bal.get("method", "none")
+        if method == "none":
+            log("balancer: none configured, the node keeps its place in the pool during the restart",
+                step=state)
+            return
+        if method == "runtime_api":
+            command = self.rc.server_state_command(bal["backend"], bal["server"], state)
+            self.rc.runtime_api(bal["endpoint"], command, timeout=float(bal.get("timeout", 5)))
+            log("balancer: %s" % command, endpoint=bal["endpoint"])
+            return
+        if method == "command":
+            argv = bal["drain_command" if state == "drain" else "return_command"]
+            proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
+                                  check=False)
+            if proc.returncode:
+                raise RuntimeError("%s failed (%d): %s" % (argv[0], proc.returncode, proc.stdout.strip()[-300:]))
+            log("balancer: ran %s" % argv[0], step=state)
+            return
+        raise RuntimeError("unknown balancer method %r" % method)
+
+    def running_requests(self):
+        try:
+            _status, text = fetch(self.cfg["metrics_url"], 5)
+            entry = self.vm.parse(text)["gauges"].get("num_requests_running")
+            return entry["value"] if entry else 0.0
+        except Exception:  # the server may be dying: nothing to wait for
+            return 0.0
+
+    def wait_health(self, timeout):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if fetch(self.cfg["health_url"], 5)[0] == 200:
+                    return True
+            except Exception:
+                pass
+            time.sleep(1)
+        return False
+
+    def cycle(self):
+        """Drain, restart, wait for health, return. Raises (node left drained) on failure."""
+        t0 = time.monotonic()
+        self.balancer("drain")
+        deadline = time.monotonic() + float(self.cfg.get("drain_timeout", 60))
+        while time.monotonic() < deadline and self.running_requests() > 0:
+            time.sleep(1)
+        log("recycle: restarting %s" % self.cfg["unit"], drained_s=round(time.monotonic() - t0, 1))
+        systemctl("restart", self.cfg["unit"])
+        if not self.wait_health(float(self.cfg.get("health_timeout", 600))):
+            raise RuntimeError("%s did not answer 200 within %ss after the restart; the node stays drained"
+                               % (self.cfg["health_url"], self.cfg.get("health_timeout", 600)))
+        self.balancer("ready")
+        log("recycle: done, the node is back in the pool", seconds=round(time.monotonic() - t0, 1))
+
+    # --- one run --------------------------------------------------------------------------------
+    def run(self):
+        cfg = self.cfg
+        state = load_state(cfg["state_file"])
+        now = time.time()
+        main, pids = unit_processes(cfg["unit"], cfg.get("cgroup_root", "/sys/fs/cgroup"))
+        if not main:
+            log("worker-recycle: %s is not running, nothing to sample" % cfg["unit"])
+            state["pid"] = 0
+            self.finish(state, {"classification": "insufficient_data", "recycle": False,
+                                "reason": "%s is not running" % cfg["unit"]})
+            return 0
+        if state.get("pid") != main:
+            state.update(pid=main, history=[], buckets=None)
+        rss = rss_bytes(pids)
+        p95 = None
+        try:
+            _status, text = fetch(cfg["metrics_url"])
+            hist = self.vm.parse(text)["histograms"].get("ttft_seconds")
+            if hist:
+                window = self.vm.delta_buckets(hist["buckets"], [tuple(b) for b in state["buckets"]]
+                                               if state.get("buckets") else None)
+                if state.get("buckets") and window and window[-1][1] > 0:
+                    p95 = self.vm.histogram_quantile(0.95, window)
+                state["buckets"] = hist["buckets"]  # json keeps +Inf as Infinity
+        except Exception as exc:  # no TTFT this time; RSS is still judged
+            log("worker-recycle: cannot read %s: %s" % (cfg["metrics_url"], exc))
+        history = state.get("history") or []
+        history.append({"time": now, "rss_bytes": rss, "ttft_p95": p95})
+        state["history"] = history[-2 * int(cfg.get("judge", {}).get("window", 12)):]
+        verdict = self.rc.judge(state["history"], cfg.get("judge"))
+        log("worker-recycle: %s" % verdict["classification"], rss_mib=round(rss / 1048576.0, 1),
+            rss_slope_mib_per_min=verdict["rss_slope_mib_per_min"], ttft_p95_s=p95,
+            ttft_p95_rise=verdict["ttft_p95_rise"], samples=verdict["samples"], recycle=verdict["recycle"],
+            reason=verdict["reason"])
+        code = 0
+        if verdict["recycle"] and cfg.get("action", "recycle") == "recycle" and not self.dry_run:
+            try:
+                self.cycle()
+                state.update(recycles=state.get("recycles", 0) + 1, last_recycle=time.time(), history=[],
+                             buckets=None, pid=None, last_recycle_kind=verdict["classification"])
+                verdict["recycled"] = True
+            except Exception as exc:
+                state["failures"] = state.get("failures", 0) + 1
+                log("recycle: FAILED: %s" % exc)
+                verdict.update(recycled=False, error=str(exc))
+                code = 1
+        self.finish(state, verdict)
+        return code
+
+    def finish(self, state, verdict):
+        cfg = self.cfg
+        atomic_write(cfg["state_file"], json.dumps(state), 0o600)
+        if cfg.get("textfile"):
+            atomic_write(cfg["textfile"], self.rc.textfile(verdict, state))
+        if cfg.get("status_file"):
+            status = dict(verdict, time=time.time(), recycles=state.get("recycles", 0),
+                          failures=state.get("failures", 0), last_recycle=state.get("last_recycle"),
+                          last_recycle_kind=state.get("last_recycle_kind"))
+            atomic_write(cfg["status_file"], json.dumps(status, indent=1) + "\n")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="gpufleet-worker-recycle")
+    parser.add_argument("--config", default=DEFAULT_CONFIG)
+    parser.add_argument("--dry-run", action="store_true", help="judge and report, never recycle")
+    args = parser.parse_args(argv)
+    try:
+        with open(args.config) as handle:
+            config = json.load(handle)
+    except (OSError, ValueError) as exc:
+        print("gpufleet-worker-recycle: cannot read %s: %s" % (args.config, exc), file=sys.stderr)
+        return 2
+    sys.path.insert(0, config.get("lib_dir", "/usr/local/lib/gpufleet"))
+    try:
+        import _recycle as rc
+        import _vllm_metrics as vm
+    except ImportError as exc:
+        print("gpufleet-worker-recycle: %s (the role installs _recycle.py and _vllm_metrics.py in %s)"
+              % (exc, config.get("lib_dir")), file=sys.stderr)
+        return 2
+    if vm.MISSING_LIBRARY:
+        print("gpufleet-worker-recycle: the Python library prometheus-client is missing (Debian: "
+              "python3-prometheus-client): %s" % vm.MISSING_LIBRARY, file=sys.stderr)
+        return 2
+    return Agent(config, vm, rc, dry_run=args.dry_run).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""_vllm_metrics on real /metrics samples (tests/data/vllm-metrics, sources in each file), on the
+lab stand-in's engine, and the thresholds firing and staying quiet; the module end to end."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.gpufleet.node.plugins.module_utils import _vllm_metrics as vm
+from lab.standins.vllm_engine import Engine
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "vllm-metrics"
+
+
+def sample(name):
+    return (DATA / name).read_text()
+
+
+def test_every_sample_records_its_source():
+    files = sorted(DATA.glob("*.prom"))
+    assert len(files) >= 4
+    for f in files:
+        assert f.read_text().startswith("# SOURCE: https://github.com/"), f
+
+
+def test_old_release_names_are_understood():
+    scrape = vm.parse(sample("v0-qwenvl-old-names.prom"))
+    g = scrape["gauges"]
+    assert g["kv_cache_usage_perc"]["name"] == "vllm:gpu_cache_usage_perc"
+    assert (g["kv_cache_usage_perc"]["value"], g["num_requests_running"]["value"],
+            g["num_requests_waiting"]["value"]) == (0.0, 0.0, 0.0)
+    assert "num_preemptions_total" not in g
+    assert scrape["engines"] == [""]
+
+
+def test_v1_names_with_engine_label():
+    scrape = vm.parse(sample("v0.10-glm45-kv-cache.prom"))
+    kv = scrape["gauges"]["kv_cache_usage_perc"]
+    assert kv["name"] == "vllm:kv_cache_usage_perc"
+    assert kv["value"] == pytest.approx(9.75010481363281e-06)
+    assert kv["per_engine"] == {"0": pytest.approx(9.75010481363281e-06)}
+    assert scrape["engines"] == ["0"]
+
+
+def test_new_name_wins_when_both_are_exported():
+    text = sample("v0-qwenvl-old-names.prom") + sample("v0.10-glm45-kv-cache.prom")
+    assert vm.parse(text)["gauges"]["kv_cache_usage_perc"]["name"] == "vllm:kv_cache_usage_perc"
+
+
+def test_ttft_quantiles_from_real_buckets():
+    # one request between 10 and 20 ms: Prometheus interpolates inside the bucket
+    h = vm.parse(sample("v0.6-opt125m-ttft.prom"))["histograms"]["ttft_seconds"]
+    assert vm.quantiles(h["buckets"]) == {"p50": 0.015, "p95": 0.0195, "p99": 0.0199}
+    # 213 observations, 112 under 20 ms, 211 under 40 ms (no +Inf bucket in the published excerpt)
+    h = vm.parse(sample("v0.4-bloom560m-ttft.prom"))["histograms"]["ttft_seconds"]
+    q = vm.quantiles(h["buckets"])
+    assert q["p50"] == pytest.approx(0.01 + 0.01 * (0.5 * 213) / 112, abs=1e-6)
+    assert q["p95"] == pytest.approx(0.02 + 0.02 * (0.95 * 213 - 112) / 99, abs=1e-6)
+
+
+def test_histogram_quantile_edges():
+    assert vm.histogram_quantile(0.5, []) is None
+    assert vm.histogram_quantile(0.5, [(0.1, 0.0), (math.inf, 0.0)]) is None
+    # everything beyond the last finite bound: Prometheus answers that bound
+    assert vm.histogram_quantile(0.99, [(0.1, 0.0), (1.0, 0.0), (math.inf, 5.0)]) == 1.0
+    assert vm.histogram_quantile(0.5, [(0.1, 10.0), (math.inf, 10.0)]) == pytest.approx(0.05)
+
+
+ENGINES = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 5.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 10.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.91
+# TYPE vllm:num_preemptions counter
+vllm:num_preemptions_total{engine="0",model_name="m"} 2.0
+vllm:num_preemptions_total{engine="1",model_name="m"} 3.0
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m"} 10.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="1.0",model_name="m"} 10.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} 10.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 10.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 0.5
+vllm:time_to_first_token_seconds_bucket{engine="1",le="0.1",model_name="m"} 0.0
+vllm:time_to_first_token_seconds_bucket{engine="1",le="1.0",model_name="m"} 10.0
+vllm:time_to_first_token_seconds_bucket{engine="1",le="+Inf",model_name="m"} 10.0
+vllm:time_to_first_token_seconds_count{engine="1",model_name="m"} 10.0
+vllm:time_to_first_token_seconds_sum{engine="1",model_name="m"} 5.0
+"""
+
+
+def test_engines_are_summed_and_kv_is_the_fullest():
+    """Synthetic (two data-parallel engines), in the V1 exposition format of the samples above."""
+    scrape = vm.parse(ENGINES)
+    g = scrape["gauges"]
+    assert (g["num_requests_running"]["value"], g["num_requests_waiting"]["value"],
+            g["num_preemptions_total"]["value"]) == (8.0, 11.0, 5.0)
+    assert g["kv_cache_usage_perc"]["value"] == 0.91
+    h = scrape["histograms"]["ttft_seconds"]
+    assert h["buckets"] == [(0.1, 10.0), (1.0, 20.0), (math.inf, 20.0)] and h["count"] == 20.0
+    assert vm.quantiles(h["buckets"])["p50"] == pytest.approx(0.1)
+    assert scrape["engines"] == ["0", "1"]
+
+
+def test_merge_buckets_with_different_bounds():
+    merged = vm.merge_buckets([[(0.1, 1.0), (math.inf, 2.0)], [(0.5, 3.0), (math.inf, 3.0)]])
+    assert merged == [(0.1, 1.0), (0.5, 4.0), (math.inf, 5.0)]
+
+
+def test_not_prometheus_text_is_an_error():
+    with pytest.raises(vm.MetricsError):
+        vm.parse('vllm:num_requests_running{engine="0" 1.0\n')
+
+
+def gauges(kv, waiting, running=1, preempt=0.0, ttft=None):
+    lines = ['vllm:kv_cache_usage_perc{engine="0"} %s' % kv, 'vllm:num_requests_waiting{engine="0"} %s' % waiting,
+             'vllm:num_requests_running{engine="0"} %s' % running,
+             'vllm:num_preemptions_total{engine="0"} %s' % preempt]
+    for bound, count in ttft or []:
+        lines.append('vllm:time_to_first_token_seconds_bucket{engine="0",le="%s"} %s' % (bound, count))
+    return vm.parse("\n".join(lines) + "\n")
+
+
+def window(*scrapes):
+    return [(1000.0 + 5 * i, s) for i, s in enumerate(scrapes)]
+
+
+def test_quiet_server_has_no_violation():
+    metrics, samples, violations = vm.summarize(window(gauges(0.5, 2), gauges(0.87, 8), gauges(0.6, 0)), 5)
+    assert violations == []
+    assert metrics["kv_cache_usage_perc"] == 0.6 and metrics["kv_cache_usage_perc_peak"] == 0.87
+    assert metrics["num_requests_waiting_peak"] == 8 and metrics["num_preemptions_window"] == 0
+    assert metrics["window_seconds"] == 10 and len(samples) == 3
+
+
+def test_kv_peak_fires_with_advice():
+    _m, _s, violations = vm.summarize(window(gauges(0.5, 0), gauges(0.99, 0)), 5)
+    assert [v["name"] for v in violations] == ["kv_cache_usage"]
+    assert "max_num_seqs" in violations[0]["message"] and "0.99" in violations[0]["message"]
+
+
+def test_waiting_queue_fires_only_when_sustained():
+    quiet = window(gauges(0.5, 20), gauges(0.5, 0), gauges(0.5, 20), gauges(0.5, 0))
+    assert vm.summarize(quiet, 5)[2] == []
+    loud = window(gauges(0.5, 0), gauges(0.5, 9), gauges(0.5, 12), gauges(0.5, 30))
+    violations = vm.summarize(loud, 5)[2]
+    assert [v["name"] for v in violations] == ["num_requests_waiting"]
+    assert "lower max_num_batched_tokens" in violations[0]["message"]
+    # a single scrape above the limit is judged on its own
+    assert vm.summarize(window(gauges(0.5, 9)), 5)[2][0]["name"] == "num_requests_waiting"
+
+
+def test_climbing_preemptions_fire_and_a_restart_is_not_negative():
+    violations = vm.summarize(window(gauges(0.5, 0, preempt=3), gauges(0.5, 0, preempt=7)), 5)[2]
+    assert [v["name"] for v in violations] == ["preemptions"] and violations[0]["value"] == 4
+    assert "host swap is no remedy" in violations[0]["message"]
+    assert vm.summarize(window(gauges(0.5, 0, preempt=3), gauges(0.5, 0, preempt=3)), 5)[2] == []
+    metrics = vm.summarize(window(gauges(0.5, 0, preempt=9), gauges(0.5, 0, preempt=0)), 5)[0]
+    assert metrics["num_preemptions_window"] == 0
+
+
+def test_ttft_over_the_window_and_its_threshold():
+    before = gauges(0.5, 0, ttft=[(0.1, 100), (1.0, 100), ("+Inf", 100)])
+    after = gauges(0.5, 0, ttft=[(0.1, 100), (1.0, 110), ("+Inf", 110)])  # 10 slow requests in the window
+    metrics, _s, violations = vm.summarize(window(before, after), 5, {"max_ttft_p95_seconds": 0.5})
+    assert metrics["ttft_seconds"]["scope"] == "window" and metrics["ttft_seconds"]["count"] == 10
+    assert metrics["ttft_seconds"]["p50"] == pytest.approx(0.55)
+    assert [v["name"] for v in violations] == ["ttft_p95"]
+    # nothing new in the window: quantiles since start, and no TTFT threshold by default
+    metrics, _s, violations = vm.summarize(window(before, before), 5)
+    assert metrics["ttft_seconds"]["scope"] == "since_start" and violations == []
+
+
+def test_a_server_without_the_gauges_is_an_error():
+    with pytest.raises(vm.MetricsError, match="vllm:kv_cache_usage_perc"):
+        vm.summarize(window(vm.parse(sample("v0.6-opt125m-ttft.prom"))))
+
+
+def test_stand_in_engine_metrics_parse_and_count():
+    engine = Engine(kv_tokens=4096, block_size=16, max_num_seqs=4, max_num_batched_tokens=2048,
+                    prefill_tps=1e6, itl=0.001, itl_per_seq=0.0)
+    engine.start()
+    reqs = [engine.submit(300, 5) for _ in range(3)]
+    for r in reqs:
+        assert len(list(r.tokens())) == 5
+    scrape = vm.parse(engine.metrics("m"))
+    g = scrape["gauges"]
+    assert (g["num_requests_running"]["value"], g["num_requests_waiting"]["value"]) == (0.0, 0.0)
+    assert g["kv_cache_usage_perc"]["value"] == 0.0
+    h = scrape["histograms"]
+    assert h["ttft_seconds"]["count"] == 3 and h["itl_seconds"]["count"] == 12
+    assert 0 < vm.quantiles(h["ttft_seconds"]["buckets"])["p50"] < 0.1
+
+
+def test_stand_in_engine_preempts_when_the_pool_is_short():
+    # 64 blocks of 16 tokens; four 200-token prompts generating 100 tokens each cannot all fit
+    engine = Engine(kv_tokens=1024, block_size=16, max_num_seqs=8, max_num_batched_tokens=4096,
+                    prefill_tps=1e6, itl=0.0005, itl_per_seq=0.0)
+    engine.start()
+    reqs = [engine.submit(200, 100) for _ in range(4)]
+    assert [len(list(r.tokens())) for r in reqs] == [100] * 4
+    g = vm.parse(engine.metrics("m"))["gauges"]
+    assert g["num_preemptions_total"]["value"] > 0
+
+
+class _Metrics(BaseHTTPRequestHandler):
+    texts = []
+
+    def do_GET(self):  # noqa: N802
+        body = (self.texts.pop(0) if len(self.texts) > 1 else self.texts[0]).encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def metrics_server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield httpd
+    httpd.shutdown()
+
+
+def test_module_reports_and_fails_on_violation(run_module, metrics_server):
+    url = "http://127.0.0.1:%d" % metrics_server.server_address[1]
+    _Metrics.texts = [ENGINES]
+    res = run_module("vllm_metrics_info", {"url": url, "samples": 2, "interval": 0.01})
+    assert res.get("failed") and res["url"] == url + "/metrics"
+    names = [v["name"] for v in res["violations"]]
+    assert names == ["kv_cache_usage", "num_requests_waiting"], res
+    assert "crossed 2 threshold(s)" in res["msg"]
+    res = run_module("vllm_metrics_info", {"url": url + "/metrics", "samples": 2, "interval": 0.01,
+                                           "report_only": True}, check_mode=True)
+    assert not res.get("failed") and res["healthy"] is False and res["changed"] is False
+    assert res["metrics"]["ttft_seconds"]["p50"] == pytest.approx(0.1)
+    _Metrics.texts = [sample("v0-qwenvl-old-names.prom")]
+    res = run_module("vllm_metrics_info", {"url": url, "samples": 1, "interval": 0})
+    assert not res.get("failed") and res["healthy"] is True, res
+    assert res["metrics"]["names"]["kv_cache_usage_perc"] == "vllm:gpu_cache_usage_perc"
+
+
+def test_module_names_an_unreachable_server(run_module):
+    res = run_module("vllm_metrics_info", {"url": "http://127.0.0.1:9", "samples": 1, "timeout": 2})
+    assert res["failed"] and "cannot scrape http://127.0.0.1:9/metrics" in res["msg"]
+
+
+def test_module_names_the_missing_library(tmp_path):
+    """A target without prometheus_client: the module fails naming the package (no fallback)."""
+    blocker = tmp_path / "prometheus_client"
+    blocker.mkdir()
+    (blocker / "__init__.py").write_text("raise ImportError('No module named prometheus_client')\n")
+    repo = Path(__file__).resolve().parents[2]
+    payload = {"ANSIBLE_MODULE_ARGS": {"url": "http://127.0.0.1:9"}}
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(repo / ".collections"), str(repo)]))
+    proc = subprocess.run([sys.executable, str(repo / "plugins/modules/vllm_metrics_info.py")],
+                          input=json.dumps(payload), capture_output=True, text=True, env=env, timeout=60)
+    res = json.loads(proc.stdout)
+    assert res["failed"] and "prometheus-client" in res["msg"], res

@@ -1,0 +1,235 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""_recycle: telling fragmentation from preemption/placement (seed 001), the textfile metrics, the
+HAProxy runtime API client; and the node agent run against a fake unit and server."""
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from ansible_collections.gpufleet.node.plugins.module_utils import _recycle as rc
+from ansible_collections.gpufleet.node.plugins.module_utils import _vllm_metrics as vm
+
+REPO = Path(__file__).resolve().parents[2]
+AGENT = REPO / "roles" / "worker_recycle" / "files" / "gpufleet_worker_recycle.py"
+MiB = 1024 * 1024
+
+
+def history(rss_mib, p95):
+    return [{"time": 60.0 * i, "rss_bytes": int(r * MiB), "ttft_p95": p} for i, (r, p) in enumerate(zip(rss_mib, p95))]
+
+
+def test_slope():
+    assert rc.slope([(0, 0), (1, 2), (2, 4)]) == pytest.approx(2.0)
+    assert rc.slope([(0, 1)]) is None and rc.slope([(1, 1), (1, 2)]) is None
+
+
+def test_too_few_samples_is_no_verdict():
+    v = rc.judge(history([1000, 2000, 3000], [0.4, 0.8, 1.6]))
+    assert v["classification"] == "insufficient_data" and not v["recycle"]
+
+
+def test_fragmentation_rss_and_p95_rising_together_recycles():
+    v = rc.judge(history([20000, 20100, 20230, 20300, 20420, 20500], [0.41, 0.48, 0.55, 0.66, 0.74, 0.83]))
+    assert v["classification"] == "fragmentation" and v["recycle"]
+    assert v["rss_slope_mib_per_min"] == pytest.approx(98.0, abs=3)
+    assert "fragmentation" in v["reason"]
+
+
+def test_memory_growth_with_flat_p95_recycles_too():
+    v = rc.judge(history([20000, 20100, 20200, 20300, 20400], [0.41, 0.40, 0.42, 0.41, 0.40]))
+    assert v["classification"] == "memory_growth" and v["recycle"]
+
+
+def test_preemption_or_placement_p95_rising_rss_flat_is_not_recycled():
+    v = rc.judge(history([20000, 20003, 19998, 20001, 20002, 20000], [0.41, 0.6, 0.9, 1.3, 2.0, 3.9]))
+    assert v["classification"] == "preemption_or_placement" and not v["recycle"]
+    assert "vllm:num_preemptions_total" in v["reason"]
+
+
+def test_flat_is_steady_and_jitter_or_one_jump_is_not_growth():
+    assert rc.judge(history([20000] * 6, [0.4] * 6))["classification"] == "steady"
+    # a p95 jittering between two 20 ms buckets is not a rise, however large in relative terms
+    jitter = rc.judge(history([20000] * 6, [0.03, 0.03, 0.04, 0.05, 0.05, 0.06]))
+    assert jitter["ttft_p95_rise"] > 0.25 and not jitter["ttft_rising"] and jitter["classification"] == "steady"
+    # a one-off jump (model reload, a big batch) is not a steady slope: most steps do not go up
+    jump = rc.judge(history([20000, 20000, 20000, 23000, 23000, 23000], [0.4] * 6))
+    assert jump["rss_slope_mib_per_min"] > 50 and not jump["rss_rising"] and not jump["recycle"]
+    # a slope under the threshold
+    slow = rc.judge(history([20000, 20010, 20020, 20030, 20040, 20050], [0.4] * 6))
+    assert slow["rss_rising"] is False and slow["classification"] == "steady"
+
+
+def test_window_only_judges_the_last_samples():
+    old_growth = [20000 + 500 * i for i in range(10)] + [25000] * 12
+    v = rc.judge(history(old_growth, [0.4] * 22), {"window": 12})
+    assert v["classification"] == "steady" and v["samples"] == 12
+
+
+def test_textfile_parses_as_prometheus_and_carries_the_class():
+    v = rc.judge(history([20000, 20100, 20230, 20300, 20420, 20500], [0.41, 0.48, 0.55, 0.66, 0.74, 0.83]))
+    text = rc.textfile(v, {"recycles": 3, "failures": 1, "last_recycle": 1.7e9, "last_recycle_kind": "fragmentation"})
+    from prometheus_client.parser import text_string_to_metric_families
+    values = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for f in text_string_to_metric_families(text) for s in f.samples}
+    assert values[("gpufleet_worker_decay", (("kind", "fragmentation"),))] == 1.0
+    assert values[("gpufleet_worker_decay", (("kind", "steady"),))] == 0.0
+    assert values[("gpufleet_worker_recycles_total", ())] == 3.0
+    assert values[("gpufleet_worker_last_recycle_kind", (("kind", "fragmentation"),))] == 1.0
+    assert values[("gpufleet_worker_rss_slope_bytes_per_second", ())] == pytest.approx(98 * MiB / 60, rel=0.05)
+
+
+def fake_haproxy(answer=b"", count=1):
+    """A runtime API over TCP that answers `count` commands and records them."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    seen = []
+
+    def serve():
+        for _ in range(count):
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed by the test before all answers were asked for
+                return
+            with conn:
+                seen.append(conn.recv(4096).decode())
+                conn.sendall(answer)
+    threading.Thread(target=serve, daemon=True).start()
+    return "tcp://127.0.0.1:%d" % server.getsockname()[1], seen, server
+
+
+def test_runtime_api_over_tcp():
+    endpoint, seen, server = fake_haproxy()
+    with server:
+        assert rc.runtime_api(endpoint, rc.server_state_command("vllm_pool", "node1", "drain")) == ""
+    assert seen == ["set server vllm_pool/node1 state drain\n"]
+    endpoint, seen, server = fake_haproxy(b"No such server.\n")
+    with server, pytest.raises(rc.BalancerError, match="No such server"):
+        rc.runtime_api(endpoint, "set server vllm_pool/x state ready")
+    with pytest.raises(rc.BalancerError, match="tcp://HOST:PORT or unix:///PATH"):
+        rc.runtime_api("10.0.0.1:9999", "show info")
+    with pytest.raises(rc.BalancerError, match="unknown server state"):
+        rc.server_state_command("b", "s", "up")
+
+
+# --- the agent, on a fake systemd and server ----------------------------------------------------
+
+def load_agent():
+    loader = importlib.machinery.SourceFileLoader("gpufleet_worker_recycle", str(AGENT))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+class _Server(BaseHTTPRequestHandler):
+    metrics = ""
+
+    def do_GET(self):  # noqa: N802
+        body = (self.metrics if self.path == "/metrics" else "").encode()
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def agent_env(tmp_path, monkeypatch):
+    agent = load_agent()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Server)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = "http://127.0.0.1:%d" % httpd.server_address[1]
+    _Server.metrics = 'vllm:num_requests_running{engine="0"} 0.0\n'
+    calls = []
+    rss = {"value": 20000 * MiB}
+    clock = {"t": 1000.0}
+
+    def systemctl(*args, check=True):
+        calls.append(args)
+        return "MainPID=4242\nControlGroup=\n" if args[0] == "show" else ""
+
+    monkeypatch.setattr(agent, "systemctl", systemctl)
+    monkeypatch.setattr(agent, "rss_bytes", lambda pids, proc_root="/proc": rss["value"])
+    monkeypatch.setattr(agent.time, "time", lambda: clock["t"])
+    config = {"unit": "vllm.service", "metrics_url": base + "/metrics", "health_url": base + "/health",
+              "state_file": str(tmp_path / "state.json"), "textfile": str(tmp_path / "w.prom"),
+              "status_file": str(tmp_path / "status.json"), "drain_timeout": 1, "health_timeout": 2,
+              "judge": {"window": 6, "min_samples": 4, "rss_slope_mib_per_min": 50}}
+    yield agent, config, calls, rss, clock
+    httpd.shutdown()
+
+
+def run_until_restart(agent, config, calls, rss, clock, growth_mib):
+    run = agent.Agent(config, vm, rc)
+    codes = []
+    for _ in range(6):
+        rss["value"] += growth_mib * MiB
+        codes.append(run.run())
+        clock["t"] += 60
+        if any(c[0] == "restart" for c in calls):
+            break
+    return codes
+
+
+def test_agent_flat_rss_never_restarts(agent_env, tmp_path):
+    agent, config, calls, rss, clock = agent_env
+    config["balancer"] = {"method": "none"}
+    assert run_until_restart(agent, config, calls, rss, clock, 0) == [0] * 6
+    assert [c for c in calls if c[0] == "restart"] == []
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["classification"] == "steady" and status["recycles"] == 0
+
+
+def test_agent_drains_restarts_and_returns_on_growth(agent_env, tmp_path):
+    agent, config, calls, rss, clock = agent_env
+    endpoint, seen, lb = fake_haproxy(count=2)
+    config["balancer"] = {"method": "runtime_api", "endpoint": endpoint, "backend": "vllm_pool", "server": "node1"}
+    with lb:
+        codes = run_until_restart(agent, config, calls, rss, clock, 200)
+    assert codes == [0, 0, 0, 0]  # judged at the 4th sample, recycled in the same run
+    assert ("restart", "vllm.service") in calls
+    assert seen == ["set server vllm_pool/node1 state drain\n", "set server vllm_pool/node1 state ready\n"]
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert (status["recycles"], status["last_recycle_kind"], status["recycled"]) == (1, "memory_growth", True)
+    assert "gpufleet_worker_recycles_total 1.0" in (tmp_path / "w.prom").read_text()
+    assert json.loads((tmp_path / "state.json").read_text())["history"] == []  # a fresh window after
+
+
+def test_agent_leaves_the_node_drained_when_health_does_not_come_back(agent_env, tmp_path):
+    agent, config, calls, rss, clock = agent_env
+    endpoint, seen, lb = fake_haproxy(count=2)
+    config["balancer"] = {"method": "runtime_api", "endpoint": endpoint, "backend": "vllm_pool", "server": "node1"}
+    config["health_url"] = "http://127.0.0.1:9/health"
+    with lb:
+        codes = run_until_restart(agent, config, calls, rss, clock, 200)
+    assert codes[-1] == 1
+    assert seen == ["set server vllm_pool/node1 state drain\n"]  # never returned
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["failures"] == 1 and status["recycles"] == 0 and "stays drained" in status["error"]
+
+
+def test_agent_command_method(agent_env, tmp_path):
+    agent, config, calls, rss, clock = agent_env
+    marks = tmp_path / "marks"
+    config["balancer"] = {"method": "command", "drain_command": ["sh", "-c", "echo drain >> %s" % marks],
+                          "return_command": ["sh", "-c", "echo ready >> %s" % marks]}
+    assert run_until_restart(agent, config, calls, rss, clock, 200)[-1] == 0
+    assert marks.read_text().split() == ["drain", "ready"]
+
+
+def test_agent_configuration_errors_exit_2(tmp_path):
+    agent = load_agent()
+    assert agent.main(["--config", str(tmp_path / "missing.json")]) == 2
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"lib_dir": str(tmp_path / "nowhere")}))
+    assert agent.main(["--config", str(cfg)]) == 2

@@ -1,0 +1,93 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""site.yml on a fresh lab fleet: who is registered and why not, idempotence, a clean drift check."""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+pytestmark = pytest.mark.slow
+# As conftest.py names them: node1, node2, ... in the order of GPUFLEET_FLEET_PROFILES.
+PROFILES = os.environ.get("GPUFLEET_FLEET_PROFILES", "l40s-4x-switch,l40s-x8-degraded").split(",")
+DEGRADED = [f"node{i + 1}" for i, p in enumerate(PROFILES) if p.strip() == "l40s-x8-degraded"]
+
+
+def _degraded_gpu(fleet, node):
+    """(GPU index, GPU BDF, its port) of the GPU whose link trained below its maximum width."""
+    hw = fleet.hw(node)
+    for gpu in hw.gpus:
+        if gpu.width_current < gpu.width_max:
+            return gpu.index, gpu.bdf, gpu.parent
+    raise AssertionError(f"{node} has no GPU below its link width: not the x8-degraded profile?")
+
+
+def test_first_run_registers_the_healthy_nodes_only(fleet, first_run):
+    for node in fleet.healthy:
+        assert fleet.recap_ok(first_run, node), first_run.explain()
+        server = fleet.first_pool.get(node)
+        assert server, f"{node} is not in HAProxy's pool after the first run: {fleet.first_pool}"
+        assert server["state"] == "ready", server
+        assert (server["address"], server["port"]) == (fleet.nodes[node]["address"], 8000), server
+        # kept in the config file too, so that a restart of the balancer keeps the pool
+        assert fleet.first_config.get(node) == f"{fleet.nodes[node]['address']}:8000", fleet.first_config
+    for node in fleet.refused:
+        assert first_run.recap[node]["failed"] >= 1, first_run.explain()
+        assert node not in fleet.first_pool and node not in fleet.first_config
+    # a node failed, so the run as a whole fails
+    assert first_run.rc != 0 if fleet.refused else first_run.rc == 0, first_run.explain()
+
+
+@pytest.mark.parametrize("node", DEGRADED)
+def test_first_run_says_why_the_degraded_node_is_refused(fleet, first_run, node):
+    index, bdf, port = _degraded_gpu(fleet, node)
+    failures = "\n".join(first_run.host_failures(node))
+    assert failures, first_run.explain()
+    # the rescue names the node and the step; the gate names the GPU, its link and the port
+    assert f"{node} is out of the pool" in failures, failures
+    assert "NCCL gate failed" in failures, failures
+    flat = re.sub(r"\s+", " ", failures)
+    assert f"GPU{index} ({bdf}) trained to x8 of x16 below port {port}" in flat, flat
+
+
+def test_second_run_changes_nothing(fleet, converged):
+    run = fleet.site(label="site.yml (second run)")
+    assert set(run.recap) == set(fleet.nodes), run.explain()
+    changed = {h: r["changed"] for h, r in run.recap.items() if r["changed"]}
+    assert not changed, f"changed on a second run: {changed}\n{run.explain()}"
+    for node in fleet.healthy:
+        assert fleet.recap_ok(run, node), run.explain()
+    for node in fleet.refused:
+        # still out: the gate's verdict holds for this boot, nothing is measured again
+        flat = re.sub(r"\s+", " ", "\n".join(run.host_failures(node)))
+        assert "the NCCL gate failed earlier in this boot" in flat.lower() or "failed in this boot" in flat, flat
+    assert set(fleet.pool()) == set(fleet.healthy)
+
+
+def test_drift_is_clean_after_site(fleet, converged):
+    drift = fleet.drift()
+    assert drift.run.rc == 0, drift.run.explain()
+    report = drift.report
+    assert report["drifted"] == [], report
+    assert sorted(report["out_of_service"]) == sorted(fleet.refused), report
+    for node in fleet.healthy:
+        assert report["nodes"][node] == [], report["nodes"][node]
+        assert re.search(rf"^{node}\s+clean\s", drift.table, re.M), drift.table
+        assert f'gpufleet_drift_detected{{node="{node}"}} 0' in drift.prom
+        assert f'gpufleet_node_out_of_service{{node="{node}"}} 0' in drift.prom
+    for node in fleet.refused:
+        kinds = {item["kind"] for item in report["nodes"][node]}
+        assert kinds == {"out_of_service"}, report["nodes"][node]
+        assert f'gpufleet_drift_detected{{node="{node}"}} 0' in drift.prom
+        assert f'gpufleet_node_out_of_service{{node="{node}"}} 1' in drift.prom
+    # the check looked only: nobody was deregistered
+    assert set(fleet.pool()) == set(fleet.healthy)
+
+
+def test_drift_of_one_node_with_limit_writes_a_report(fleet, converged):
+    node = fleet.healthy[0]
+    drift = fleet.drift("--tags", "drift_report", limit=node, drift_dir=fleet.state / "drift-limit",
+                        label=f"drift.yml --check --diff --limit {node} --tags drift_report")
+    assert drift.run.rc == 0, drift.run.explain()
+    assert drift.report, f"no report written:\n{drift.run.output[-3000:]}"
+    assert list(drift.report["nodes"]) == [node], drift.report

@@ -1,0 +1,144 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""What site.yml leaves on every node, read with testinfra over the lab's SSH."""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+
+import pytest
+import yaml
+
+import lab.hwmodel as hw
+
+pytestmark = pytest.mark.slow
+
+# As conftest.py names them: node1, node2, ... in the order of GPUFLEET_FLEET_PROFILES.
+PROFILES = [p.strip() for p in os.environ.get(
+    "GPUFLEET_FLEET_PROFILES", "l40s-4x-switch,l40s-x8-degraded").split(",") if p.strip()]
+NODES = [pytest.param(f"node{i + 1}", hw.PROFILES[p].get("expect_registered", True), id=f"node{i + 1}-{p}")
+         for i, p in enumerate(PROFILES)]
+
+ENV_FILE = "/etc/gpufleet/gpu-runtime.env"
+MARKER = "/run/gpufleet/nccl-gate.json"
+SETPCI = "setpci -O sysfs.path=/lab/hw/sys/bus/pci"
+
+
+def _env(text):
+    return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def _acs_writes(unit_text):
+    """[(bdf, value, mask)] of the boot unit's `setpci -s BDF ECAP_ACS+0x6.w=VALUE:MASK` lines."""
+    found = re.findall(r"^ExecStart=\S*setpci .*?-s (\S+) ECAP_ACS\+0x6\.w=([0-9a-f]+):([0-9a-f]+)\s*$",
+                       unit_text, re.M | re.I)
+    return [(bdf, int(v, 16), int(m, 16)) for bdf, v, m in found]
+
+
+@pytest.mark.parametrize("node,registered", NODES)
+def test_env_file_and_the_services_that_read_it(converged, node, registered):
+    host = converged.host(node)
+    f = host.file(ENV_FILE)
+    assert f.exists and f.user == "root" and f.group == "root" and f.mode == 0o644
+    env = _env(f.content_string)
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True", env
+    assert env.get("NCCL_P2P_LEVEL") in ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS"), env
+    # NCCL_IB_DISABLE=1 only where the node has no RDMA NIC
+    assert ("NCCL_IB_DISABLE" in env) == (not converged.hw(node).nics), env
+    for unit in ("vllm.service", "gpufleet-nccl-gate.service"):
+        dropin = host.file(f"/etc/systemd/system/{unit}.d/10-gpu-runtime-env.conf")
+        assert dropin.exists and dropin.mode == 0o644
+        assert f"EnvironmentFile=-{ENV_FILE}" in dropin.content_string
+    if registered:
+        # the running server got exactly the file's variables
+        pid = converged.sh(node, "systemctl show -p MainPID --value vllm.service").strip()
+        assert pid not in ("", "0"), "vllm.service is not running"
+        proc_env = _env(converged.sh(node, f"tr '\\0' '\\n' < /proc/{pid}/environ"))
+        for key, value in env.items():
+            assert proc_env.get(key) == value, (key, value, proc_env.get(key))
+
+
+@pytest.mark.parametrize("node,registered", NODES)
+def test_units_enabled(converged, node, registered):
+    host = converged.host(node)
+    acs = host.service("gpufleet-acs.service")
+    assert acs.is_enabled, "the ACS boot unit must be enabled on every node whose ACS was cleared"
+    unit = host.file("/etc/systemd/system/gpufleet-acs.service")
+    assert unit.user == "root" and unit.mode == 0o644
+    assert "WantedBy=sysinit.target" in unit.content_string
+    vllm = host.service("vllm.service")
+    if registered:
+        assert vllm.is_enabled and vllm.is_running
+        assert host.file("/etc/systemd/system/vllm.service").mode == 0o644
+    else:
+        # the gate stopped the node before the serving role: no server was installed
+        assert not host.file("/etc/systemd/system/vllm.service").exists
+        assert not vllm.is_running
+
+
+@pytest.mark.parametrize("node,registered", NODES)
+def test_config_files_and_modes(converged, node, registered):
+    host = converged.host(node)
+    config, secrets = host.file("/etc/vllm/config.yaml"), host.file("/etc/vllm/secrets.env")
+    if not registered:
+        assert not config.exists and not secrets.exists, "nothing of vLLM on a node that failed its gate"
+        return
+    assert config.user == "root" and config.mode == 0o644
+    data = yaml.safe_load(config.content_string)
+    assert "Llama-3.3-70B-Instruct-FP8" in f"{data.get('model')} {data.get('served_model_name')}", data
+    assert data["port"] == 8000, data
+    gpus = len([g for g in converged.hw(node).gpus if g.driver == "nvidia"])
+    assert data["tensor_parallel_size"] * data.get("pipeline_parallel_size", 1) <= gpus, data
+    assert secrets.user == "root" and secrets.mode == 0o600, "secrets must be 0600"
+    unit = host.file("/etc/systemd/system/vllm.service").content_string
+    assert "serve --config /etc/vllm/config.yaml" in unit
+    assert "EnvironmentFile=/etc/vllm/secrets.env" in unit
+
+
+@pytest.mark.parametrize("node,registered", NODES)
+def test_marker_is_for_the_current_boot(converged, node, registered):
+    host = converged.host(node)
+    marker = host.file(MARKER)
+    assert marker.exists, f"no gate marker on {node}"
+    data = json.loads(marker.content_string)
+    boot_id = host.file("/proc/sys/kernel/random/boot_id").content_string.strip()
+    assert data["boot_id"] == boot_id
+    assert boot_id == converged.nodes[node]["boot_id"], "the node's boot id is the lab's"
+    assert data["passed"] is registered, data
+    if registered:
+        assert data["kind"] == "ok" and data["judged_busbw_gbps"] >= data["threshold_gbps"], data
+    else:
+        assert data["kind"] == "low_bandwidth" and "x8 of x16" in data["reason"], data
+    result = json.loads(host.file(data["result_path"]).content_string)
+    assert result["boot_id"] == boot_id and result["passed"] is registered
+    prom = host.file("/var/lib/node_exporter/textfile_collector/gpufleet_nccl.prom").content_string
+    assert re.search(rf'^gpufleet_nccl_gate_passed\{{kind="{data["kind"]}"\}} {int(registered)}$', prom, re.M), prom
+
+
+@pytest.mark.parametrize("node,registered", NODES)
+def test_registration_state(converged, node, registered):
+    address = converged.nodes[node]["address"]
+    if registered:
+        # HAProxy's own health check reaches the node's /health: the server goes up
+        pool = converged.wait_pool(lambda p: p.get(node, {}).get("op_state") == "running")
+        assert pool.get(node, {}).get("state") == "ready", pool
+        assert pool[node]["op_state"] == "running", pool
+        assert (pool[node]["address"], pool[node]["port"]) == (address, 8000)
+        assert converged.config_servers().get(node) == f"{address}:8000"
+    else:
+        assert node not in converged.pool()
+        assert node not in converged.config_servers()
+
+
+@pytest.mark.parametrize("node,registered", NODES)
+def test_acs_redirect_cleared_on_the_gpu_paths(converged, node, registered):
+    unit = converged.host(node).file("/etc/systemd/system/gpufleet-acs.service").content_string
+    writes = _acs_writes(unit)
+    assert writes, f"no setpci write in the boot unit:\n{unit}"
+    for bdf, value, mask in writes:
+        now = int(converged.sh(node, f"{SETPCI} -s {bdf} ECAP_ACS+6.w").strip(), 16)
+        assert now & mask == value & mask, f"{node} {bdf}: ACSCtl {now:#06x}, wanted {value:#06x} under {mask:#06x}"
+    model = converged.hw(node)
+    gpus = [g.index for g in model.gpus]
+    assert not [(i, j) for i, j in itertools.combinations(gpus, 2) if model.redirected(i, j)]

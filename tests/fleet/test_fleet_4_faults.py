@@ -1,0 +1,145 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Faults: a configuration the planner refuses, HAProxy down during registration, a node lost
+mid-play, a gate that hangs.  Each ends with the node out of the pool, the others untouched."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MARKER = "/run/gpufleet/nccl-gate.json"
+VLLM_FILES = "/etc/vllm/config.yaml /etc/vllm/secrets.env /etc/systemd/system/vllm.service"
+
+
+def _flat(run, node):
+    """The failure messages of node on one line, YAML's doubled single quotes undone."""
+    return re.sub(r"\s+", " ", "\n".join(run.host_failures(node))).replace("''", "'")
+
+
+def _snapshot(fleet, node):
+    """What a refused run must not touch: the server's files and the running service."""
+    return fleet.sh(node, f"sha256sum {VLLM_FILES}; stat -c '%n %Y %a %U' {VLLM_FILES}; "
+                          "systemctl show -p MainPID,ExecMainStartTimestampMonotonic,NRestarts,ActiveState vllm.service")
+
+
+def _ready(fleet, node, registered=True):
+    """node converged in this boot (a passing marker of this boot, and in the pool unless
+    registered is false); site.yml runs otherwise."""
+    marker = fleet.host(node).file(MARKER)
+    data = json.loads(marker.content_string) if marker.exists else {}
+    boot_id = fleet.nodes[node]["boot_id"]
+    why = ("no marker" if not data else "gate failed" if data.get("passed") is not True
+           else f"marker of boot {data.get('boot_id')}, not {boot_id}" if data.get("boot_id") != boot_id
+           else "not in the pool" if registered and node not in fleet.pool() else None)
+    if why:
+        fleet.converge(why=f"{node}: {why}")
+
+
+def test_a_config_the_planner_refuses_leaves_the_host_untouched(fleet, converged):
+    node = fleet.healthy[0]
+    before = _snapshot(fleet, node)
+    # 70B FP8 weights (68 GiB) on one 48 GB L40S
+    run = fleet.site(limit=node, extra_vars=[{"vllm_server_settings": {"tensor_parallel_size": 1}}],
+                     label=f"site.yml --limit {node} (planner refuses)")
+    assert run.rc != 0 and run.recap[node]["failed"] == 1, run.explain()
+    failures = _flat(run, node)
+    assert "vllm_server refuses to write or start anything" in failures, failures
+    assert "weights alone exceed the budget" in failures, failures
+    assert f"{node} is out of the pool" in failures, failures
+    assert _snapshot(fleet, node) == before, "the refused run changed the node's server"
+    # a node that fails any step ends unregistered (site.yml's rescue)
+    assert node not in fleet.pool() and node not in fleet.config_servers()
+    fleet.dirty = True
+
+
+def test_haproxy_down_during_registration(fleet, first_run):
+    node = fleet.healthy[0]
+    _ready(fleet, node, registered=False)
+    fleet.deregister(node)  # as a node that has not been registered yet
+    assert node not in fleet.pool() and node not in fleet.config_servers()
+    socket = fleet.balancer["runtime_socket"]
+    fleet.lab("balancer", "stop")
+    try:
+        run = fleet.site(limit=node, extra_vars=["lb_registration_retries=1", "lb_registration_delay=1"],
+                         label=f"site.yml --limit {node} (balancer down)")
+        assert run.rc != 0 and run.recap[node]["failed"] == 1, run.explain()
+        failures = _flat(run, node)
+        assert f"cannot talk to HAProxy's runtime API at {socket}" in failures, failures
+        assert "nothing changed" in failures, failures
+        # nothing half-registered: the config file HAProxy starts from does not name the node
+        assert node not in fleet.config_servers()
+    finally:
+        fleet.lab("balancer", "start")
+    assert node not in fleet.pool(), "half-registered: HAProxy came back with the node in the pool"
+
+    run = fleet.site(limit=node, label=f"site.yml --limit {node} (balancer back)")
+    assert run.rc == 0 and fleet.recap_ok(run, node), run.explain()
+    assert fleet.pool().get(node, {}).get("state") == "ready"
+    assert fleet.config_servers().get(node) == f"{fleet.nodes[node]['address']}:8000"
+    fleet.dirty = False
+
+
+def test_a_node_lost_mid_play_does_not_stop_the_others(fleet, converged):
+    if len(fleet.nodes) < 2:
+        pytest.skip("needs two nodes")
+    victim = (fleet.refused or list(fleet.nodes))[-1]
+    others = [n for n in fleet.nodes if n != victim]
+    argv = fleet.argv("site.yml")
+    proc = subprocess.Popen(argv, cwd=fleet.repo, env=fleet.env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines, stopper = [], None
+    t0 = time.monotonic()
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            # the victim has answered its first task: power it off now, mid-play
+            if stopper is None and re.match(rf"^(ok|changed|skipping): \[{victim}\]", line):
+                stopper = threading.Thread(target=fleet.lab, args=("stop", victim))
+                stopper.start()
+        proc.wait(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if stopper:
+            stopper.join()
+    run = fleet.record(argv, proc.returncode, "".join(lines), time.monotonic() - t0,
+                       f"site.yml ({victim} powered off mid-play)")
+    try:
+        assert stopper is not None, run.explain()
+        assert run.recap[victim]["unreachable"] >= 1, run.explain()
+        for node in others:
+            assert run.recap[node]["unreachable"] == 0, run.explain()
+            if node in fleet.healthy:
+                assert fleet.recap_ok(run, node), run.explain()
+        assert run.rc != 0
+        pool = fleet.pool()
+        assert all(n in pool for n in fleet.healthy if n != victim), pool
+        assert victim not in pool or victim in fleet.healthy
+    finally:
+        fleet.lab("start", victim)
+
+
+def test_a_hanging_gate_times_out_and_the_node_stays_out(fleet, first_run):
+    node = fleet.healthy[0]
+    _ready(fleet, node)
+    run = fleet.site(limit=node, extra_vars=[
+        "nccl_gate_force=true", "nccl_gate_timeout=5", "nccl_gate_repeats=1",
+        {"nccl_gate_environment": {"GPUFLEET_LAB_ALLREDUCE_FAULT": "hang"}}],
+        label=f"site.yml --limit {node} (gate hangs)")
+    assert run.rc != 0 and run.recap[node]["failed"] == 1, run.explain()
+    failures = _flat(run, node)
+    assert "did not finish within 5 s and its process group was killed" in failures, failures
+    assert f"{node} is out of the pool" in failures, failures
+    host = fleet.host(node)
+    marker = json.loads(host.file(MARKER).content_string)
+    assert marker["passed"] is False and marker["kind"] == "timeout", marker
+    assert marker["boot_id"] == fleet.nodes[node]["boot_id"]
+    assert node not in fleet.pool() and node not in fleet.config_servers()
+    assert host.run("pgrep -f all_reduce_perf").rc == 1, "the hung all_reduce_perf survived the timeout"
+    fleet.dirty = True

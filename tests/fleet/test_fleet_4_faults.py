@@ -143,3 +143,28 @@ def test_a_hanging_gate_times_out_and_the_node_stays_out(fleet, first_run):
     assert node not in fleet.pool() and node not in fleet.config_servers()
     assert host.run("pgrep -f all_reduce_perf").rc == 1, "the hung all_reduce_perf survived the timeout"
     fleet.dirty = True
+
+
+def test_acceptance_load_test_keeps_a_slow_node_out(fleet, converged):
+    """The acceptance load test (off by default) runs before registration; a node whose TTFT
+    p95 breaks the limit is taken out of the pool with the measured figure, and a node that meets
+    it stays in."""
+    node = fleet.healthy[0]
+    _ready(fleet, node)
+    passing = fleet.site(limit=node, extra_vars=["gpufleet_acceptance_load_test=true",
+                                                 "gpufleet_acceptance_duration=3",
+                                                 "gpufleet_acceptance_max_ttft_p95_seconds=30"],
+                         label=f"site.yml --limit {node} (acceptance load test passes)")
+    assert passing.rc == 0 and passing.recap[node]["changed"] == 0, passing.explain()
+    assert node in fleet.pool()
+
+    failing = fleet.site(limit=node, extra_vars=["gpufleet_acceptance_load_test=true",
+                                                 "gpufleet_acceptance_duration=3",
+                                                 "gpufleet_acceptance_max_ttft_p95_seconds=0.001"],
+                         label=f"site.yml --limit {node} (acceptance load test fails)")
+    assert failing.rc != 0 and failing.recap[node]["failed"] == 1, failing.explain()
+    failures = _flat(failing, node)
+    assert re.search(r"Acceptance load test: load test of http://\S+ failed: TTFT p95 [0-9.]+ s above 0.001 s",
+                     failures), failures
+    assert node not in fleet.pool() and node not in fleet.config_servers()
+    fleet.dirty = True

@@ -49,7 +49,8 @@ def lab(state, *args, check=True, timeout=120):
 
 
 def new_state(name):
-    state = REPO / ".lab-state" / f"pytest-{name}-{os.getpid()}"
+    # "pytest-lab-*": tests/fleet and tests/integration use pytest-fleet-* and pytest-ops-*
+    state = REPO / ".lab-state" / f"pytest-lab-{name}-{os.getpid()}"
     shutil.rmtree(state, ignore_errors=True)
     return state
 

@@ -207,8 +207,9 @@ def wait_for(predicate, timeout, step=0.5):
 
 
 RECYCLE_VARS = {
-    "worker_recycle_interval": "1s", "worker_recycle_boot_delay": "1s", "worker_recycle_window": 6,
-    "worker_recycle_min_samples": 4, "worker_recycle_rss_slope_mib_per_min": 300,
+    "worker_recycle_interval": "1s", "worker_recycle_boot_delay": "1s", "worker_recycle_window": 8,
+    # six samples before judging: enough TTFT histograms for the p95 trend even on a loaded machine
+    "worker_recycle_min_samples": 6, "worker_recycle_rss_slope_mib_per_min": 300,
     "worker_recycle_drain_timeout": 10, "worker_recycle_health_timeout": 60,
     # the lab's nodes share the host's Debian packages (python3-prometheus-client is checked above);
     # the package task costs 7 s per run for nothing here

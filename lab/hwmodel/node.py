@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from pathlib import Path
 
 from . import tree as B
@@ -135,22 +134,25 @@ class Node:
         common = set(a) & set(b)
         return [x for x in a if x not in common] + [x for x in reversed(b) if x not in common]
 
-    def pcie_link_type(self, i, j):
-        """nvidia-smi's PCIe path class between two GPUs, ignoring NVLink."""
-        if i == j:
+    def pcie_class(self, bdf_a, bdf_b):
+        """nvidia-smi's PCIe path class between two functions (GPUs or NICs), ignoring NVLink."""
+        if bdf_a == bdf_b:
             return "X"
-        gi, gj = self._gpu(i), self._gpu(j)
-        if gi.numa_node != gj.numa_node:
+        a, b = self.devices[bdf_a], self.devices[bdf_b]
+        if a.numa_node != b.numa_node:
             return "SYS"
-        if gi.host_bridge != gj.host_bridge:
+        if a.host_bridge != b.host_bridge:
             return "NODE"
-        a, b = self.chain(gi.bdf), self.chain(gj.bdf)
-        common = [x for x in a if x in b]
+        chain_b = self.chain(bdf_b)
+        common = [x for x in self.chain(bdf_a) if x in chain_b]
         if not common:
             return "PHB"
-        lowest = self.devices[common[0]]
         # Both below the same switch's downstream ports: one switch crossed.
-        return "PIX" if lowest.role == "upstream" else "PXB"
+        return "PIX" if self.devices[common[0]].role == "upstream" else "PXB"
+
+    def pcie_link_type(self, i, j):
+        """nvidia-smi's PCIe path class between two GPUs, ignoring NVLink."""
+        return self.pcie_class(self._gpu(i).bdf, self._gpu(j).bdf)
 
     def link_type(self, i, j):
         if i == j:

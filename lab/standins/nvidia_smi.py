@@ -92,25 +92,10 @@ def nvml_bus_id(bdf):
     return ("%08X:%s" % (int(domain, 16), rest)).upper()
 
 
-def _pcie_class(node, a, b):
-    """nvidia-smi's path class between two PCI functions (the model's rules, for NICs too)."""
-    if a.bdf == b.bdf:
-        return "X"
-    if a.numa_node != b.numa_node:
-        return "SYS"
-    if a.host_bridge != b.host_bridge:
-        return "NODE"
-    chain_a, chain_b = node.chain(a.bdf), node.chain(b.bdf)
-    common = [x for x in chain_a if x in chain_b]
-    if not common:
-        return "PHB"
-    return "PIX" if node.devices[common[0]].role == "upstream" else "PXB"
-
-
 def link_between(node, a, b):
     if a.kind == "gpu" and b.kind == "gpu":
         return node.link_type(a.index, b.index)
-    return _pcie_class(node, a, b)
+    return node.pcie_class(a.bdf, b.bdf)
 
 
 def nic_name(nic):

@@ -91,6 +91,9 @@ class RuntimeAPI:
                 "op_state": OP_STATES.get(int(row["srv_op_state"]), row["srv_op_state"]),
                 "admin_state": admin,
                 "state": state_name(admin),
+                # the agent (agent-check) the server reports through; port 0: none
+                "agent_address": None if row.get("srv_agent_addr", "-") == "-" else row["srv_agent_addr"],
+                "agent_port": int(row.get("srv_agent_port", 0) or 0),
             }
         return servers
 
@@ -104,8 +107,23 @@ def state_name(admin):
 
 
 # --- the configuration file -------------------------------------------------------------------
-def server_line(name, address, port, check):
-    return f"    server {name} {address}:{port}{' check' if check else ''}"
+def server_options(check, agent=None):
+    """The keywords after ``server NAME ADDR:PORT``, for the config file and ``add server``.
+
+    agent: {"address", "port", "interval"} of the node's HAProxy agent, or None. The agent's
+    address is always spelled out: HAProxy 2.6 does not default it to the server's address for a
+    server added at runtime, and its agent checks then find nobody ("Connection refused").
+    """
+    words = ["check"] if check else []
+    if agent:
+        words += ["agent-check", "agent-addr", agent["address"], "agent-port", str(agent["port"]),
+                  "agent-inter", str(agent.get("interval") or "2s")]
+    return " ".join(words)
+
+
+def server_line(name, address, port, check, agent=None):
+    options = server_options(check, agent)
+    return f"    server {name} {address}:{port}{' ' + options if options else ''}"
 
 
 def config_with_server(text, backend, name, line):

@@ -47,6 +47,22 @@ options:
     description: Enable HAProxy's health checks (the backend's C(option httpchk)) for the server.
     type: bool
     default: true
+  agent_port:
+    description:
+      - Port of the node's HAProxy agent (C(agent-check)), which tells the balancer whether the
+        node may take traffic. The agent of role gpufleet.node.lb_registration answers C(up) only
+        while the node's NCCL gate marker of the current boot says passed, C(down) otherwise.
+      - A server whose agent settings differ is updated at runtime; one that has no agent check
+        (or has one that is no longer wanted) is drained, deleted and added again.
+      - Omitted, the server has no agent check.
+    type: int
+  agent_address:
+    description: Address of the agent. Default O(address).
+    type: str
+  agent_interval:
+    description: How often HAProxy asks the agent (HAProxy time format, e.g. V(2s)).
+    type: str
+    default: 2s
   state:
     description:
       - V(present) - in the backend and ready for traffic.
@@ -128,6 +144,12 @@ before:
     admin_state:
       description: HAProxy's raw srv_admin_state flags.
       type: int
+    agent_address:
+      description: Address of the server's agent, or null without an agent check.
+      type: str
+    agent_port:
+      description: Port of the server's agent; V(0) without an agent check.
+      type: int
 after:
   description: The server as HAProxy has it now (in check mode, as it would), or null when absent.
   returned: always
@@ -156,24 +178,40 @@ from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import (
     check_name,
     config_with_server,
     server_line,
+    server_options,
 )
 
 
-def plan(current, want, backend, name, address, port, check):
-    """Runtime API commands that take the server from `current` to `want`."""
+def _removal(current, target):
+    return ([] if current["state"] == "maint" else [f"set server {target} state maint"]) + [f"del server {target}"]
+
+
+def plan(current, want, backend, name, address, port, check, agent=None):
+    """Runtime API commands that take the server from `current` to `want`.
+
+    agent: {"address", "port", "interval"} of the node's agent, or None for no agent check.
+    """
     target = f"{backend}/{name}"
     if want == "absent":
-        if current is None:
-            return []
-        return ([] if current["state"] == "maint" else [f"set server {target} state maint"]) + [
-            f"del server {target}"]
+        return [] if current is None else _removal(current, target)
     cmds = []
+    if current is not None and bool(current.get("agent_port")) != bool(agent):
+        # an agent check cannot be added to (or taken from) a server at runtime: replace it
+        cmds, current = _removal(current, target), None
     if current is not None and (current["address"], current["port"]) != (address, port):
         cmds.append(f"set server {target} addr {address} port {port}")
+    if current is not None and agent:
+        if current.get("agent_address") != agent["address"]:
+            cmds.append(f"set server {target} agent-addr {agent['address']}")
+        if current.get("agent_port") != agent["port"]:
+            cmds.append(f"set server {target} agent-port {agent['port']}")
     if current is None:
-        cmds.append(f"add server {target} {address}:{port}{' check' if check else ''}")
+        options = server_options(check, agent)
+        cmds.append(f"add server {target} {address}:{port}{' ' + options if options else ''}")
         if check:
             cmds.append(f"enable health {target}")
+        if agent:
+            cmds.append(f"enable agent {target}")
     wanted_state = "ready" if want == "present" else "drain"
     if current is None or current["state"] != wanted_state:
         cmds.append(f"set server {target} state {wanted_state}")
@@ -182,7 +220,7 @@ def plan(current, want, backend, name, address, port, check):
 
 def apply(api, cmds, backend, name, drain_timeout):
     """Send `cmds`; roll back a server this run added if a later command fails."""
-    added = False
+    added = False  # only a server this run added is rolled back (not one it replaced)
     for cmd in cmds:
         try:
             if cmd.startswith("del server"):
@@ -243,6 +281,9 @@ def main():
             address=dict(type="str"),
             port=dict(type="int"),
             check=dict(type="bool", default=True),
+            agent_port=dict(type="int"),
+            agent_address=dict(type="str"),
+            agent_interval=dict(type="str", default="2s"),
             state=dict(type="str", choices=["present", "drained", "absent"], default="present"),
             config_file=dict(type="path"),
             drain_timeout=dict(type="int", default=30),
@@ -256,8 +297,13 @@ def main():
         backend, name = check_name("backend", p["backend"]), check_name("server", p["name"])
     except HAProxyError as exc:
         module.fail_json(msg=str(exc))
-    if p["port"] is not None and not 0 < p["port"] < 65536:
-        module.fail_json(msg=f"port {p['port']} is out of range 1-65535")
+    for key in ("port", "agent_port"):
+        if p[key] is not None and not 0 < p[key] < 65536:
+            module.fail_json(msg=f"{key} {p[key]} is out of range 1-65535")
+    agent = None
+    if p["agent_port"] and p["state"] != "absent":
+        agent = dict(address=p["agent_address"] or p["address"], port=p["agent_port"],
+                     interval=p["agent_interval"])
 
     api = RuntimeAPI(p["socket"], timeout=p["timeout"])
     try:
@@ -265,14 +311,14 @@ def main():
     except HAProxyError as exc:
         module.fail_json(msg=f"nothing changed: {exc}", before=None, after=None, commands=[], config_changed=False)
 
-    cmds = plan(before, p["state"], backend, name, p["address"], p["port"], p["check"])
+    cmds = plan(before, p["state"], backend, name, p["address"], p["port"], p["check"], agent)
 
     config_before = config_after = None
     if p["config_file"]:
         try:
             with open(p["config_file"]) as f:
                 config_before = f.read()
-            line = None if p["state"] == "absent" else server_line(name, p["address"], p["port"], p["check"])
+            line = None if p["state"] == "absent" else server_line(name, p["address"], p["port"], p["check"], agent)
             config_after = config_with_server(config_before, backend, name, line)
         except (OSError, HAProxyError) as exc:
             module.fail_json(msg=f"nothing changed: cannot use HAProxy config {p['config_file']}: {exc}",
@@ -289,7 +335,7 @@ def main():
                              commands=cmds, config_changed=False)
         after = _servers_or_none(api, backend, name)
     elif cmds:
-        after = _predicted(before, p)
+        after = _predicted(before, p, agent)
     if config_changed and not module.check_mode:
         write_atomic(p["config_file"], config_after)
 
@@ -311,19 +357,21 @@ def _servers_or_none(api, backend, name):
         return None
 
 
-def _predicted(before, p):
+def _predicted(before, p, agent):
     if p["state"] == "absent":
         return None
     state = "ready" if p["state"] == "present" else "drain"
     op_state = before["op_state"] if before else "stopped"
     return dict(name=p["name"], address=p["address"], port=p["port"], state=state, op_state=op_state,
-                admin_state=0 if state == "ready" else 8)
+                admin_state=0 if state == "ready" else 8,
+                agent_address=agent["address"] if agent else None, agent_port=agent["port"] if agent else 0)
 
 
 def _show(server):
     if server is None:
         return "(absent)\n"
-    return f"{server['address']}:{server['port']} state={server['state']}\n"
+    agent = f" agent={server['agent_address']}:{server['agent_port']}" if server.get("agent_port") else ""
+    return f"{server['address']}:{server['port']} state={server['state']}{agent}\n"
 
 
 if __name__ == "__main__":

@@ -143,3 +143,93 @@ def test_unknown_backend_and_bad_names(balancer, run_module):
     res = run_module("haproxy_pool_member", member(balancer, name="node 1; shutdown"))
     assert res["failed"] and "invalid server name" in res["msg"]
     assert balancer.servers() == {}
+
+
+class Agent:
+    """A node's HAProxy agent on loopback: answers every connection with `self.answer`."""
+
+    def __init__(self):
+        import threading
+        self.answer = "down #no marker\n"  # the space before # is required
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(self.answer.encode())
+
+
+class Health:
+    """What HAProxy's httpchk asks: GET /health, always 200."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def _op_state(lb, want, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        state = lb.servers()["node1"]["op_state"]
+        if state == want or time.monotonic() > deadline:
+            return state
+        time.sleep(0.2)
+
+
+def test_the_agent_decides_whether_a_member_takes_traffic(balancer, run_module):
+    agent, health = Agent(), Health()
+    args = member(balancer, port=health.port, agent_port=agent.port, agent_interval="500ms")
+    res = run_module("haproxy_pool_member", args)
+    assert res["commands"] == [
+        f"add server vllm_pool/node1 127.0.0.1:{health.port} check agent-check agent-addr 127.0.0.1 "
+        f"agent-port {agent.port} agent-inter 500ms",
+        "enable health vllm_pool/node1", "enable agent vllm_pool/node1", "set server vllm_pool/node1 state ready"]
+    assert (f"server node1 127.0.0.1:{health.port} check agent-check agent-addr 127.0.0.1 agent-port {agent.port}"
+            in balancer.cfg.read_text())
+    # healthy server, but the agent says the node has no gate marker: no traffic
+    assert _op_state(balancer, "stopped") == "stopped"
+    agent.answer = "up\n"
+    assert _op_state(balancer, "running") == "running"
+    agent.answer = "down #the gate marker is from another boot\n"
+    assert _op_state(balancer, "stopped") == "stopped"
+    assert balancer.servers()["node1"]["state"] == "ready"  # the agent never touches the admin state
+    assert not run_module("haproxy_pool_member", args)["changed"]
+
+    # a config file line with the agent keywords is accepted by HAProxy at restart
+    balancer.stop()
+    balancer.start()
+    assert balancer.servers()["node1"]["agent_port"] == agent.port
+
+
+def test_agent_port_moves_at_runtime_and_an_agent_is_added_by_replacing(balancer, run_module):
+    agent, other, health = Agent(), Agent(), Health()
+    run_module("haproxy_pool_member", member(balancer, port=health.port))
+    res = run_module("haproxy_pool_member", member(balancer, port=health.port, agent_port=agent.port))
+    assert res["commands"][:2] == ["set server vllm_pool/node1 state maint", "del server vllm_pool/node1"]
+    assert balancer.servers()["node1"]["agent_port"] == agent.port
+    res = run_module("haproxy_pool_member", member(balancer, port=health.port, agent_port=other.port), diff=True)
+    assert res["commands"] == [f"set server vllm_pool/node1 agent-port {other.port}"]
+    assert balancer.servers()["node1"]["agent_port"] == other.port
+    other.answer = "up\n"
+    assert _op_state(balancer, "running") == "running"

@@ -66,6 +66,26 @@ def test_plan_from_each_state():
     assert hpm.plan(None, "absent", "b", "n", None, None, True) == []
 
 
+def test_plan_with_an_agent():
+    agent = {"address": "10.0.0.2", "port": 9777, "interval": "2s"}
+    srv = {"address": "10.0.0.2", "port": 8000, "state": "ready", "agent_address": "10.0.0.2", "agent_port": 9777}
+    assert hpm.plan(None, "present", "b", "n", "10.0.0.2", 8000, True, agent) == [
+        "add server b/n 10.0.0.2:8000 check agent-check agent-addr 10.0.0.2 agent-port 9777 agent-inter 2s",
+        "enable health b/n", "enable agent b/n", "set server b/n state ready"]
+    assert hpm.plan(srv, "present", "b", "n", "10.0.0.2", 8000, True, agent) == []
+    assert hpm.plan(srv, "present", "b", "n", "10.0.0.2", 8000, True, dict(agent, port=9778, address="10.1.0.2")) == [
+        "set server b/n agent-addr 10.1.0.2", "set server b/n agent-port 9778"]
+    # no agent check yet, or one that is no longer wanted: the server is replaced
+    plain = dict(srv, agent_address=None, agent_port=0)
+    assert hpm.plan(plain, "present", "b", "n", "10.0.0.2", 8000, True, agent)[:3] == [
+        "set server b/n state maint", "del server b/n",
+        "add server b/n 10.0.0.2:8000 check agent-check agent-addr 10.0.0.2 agent-port 9777 agent-inter 2s"]
+    assert hpm.plan(srv, "present", "b", "n", "10.0.0.2", 8000, True)[:3] == [
+        "set server b/n state maint", "del server b/n", "add server b/n 10.0.0.2:8000 check"]
+    assert H.server_line("n", "10.0.0.2", 8000, True, agent) == (
+        "    server n 10.0.0.2:8000 check agent-check agent-addr 10.0.0.2 agent-port 9777 agent-inter 2s")
+
+
 def test_a_failed_enable_rolls_the_add_back():
     api = FakeAPI({"set server b/n state ready": "No such server.\n"})
     cmds = hpm.plan(None, "present", "b", "n", "10.0.0.2", 8000, False)

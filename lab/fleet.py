@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -371,6 +372,10 @@ class Fleet:
                     "vllm_server_vllm_bin": "/usr/local/bin/vllm",
                     "vllm_server_model": "Llama-3.3-70B-Instruct-FP8",
                     "vllm_server_health_delay": 1,
+                    # Boot validation runs the controller's ansible-playbook and this checkout's
+                    # collection inside the node (its root is an overlay of the host's).
+                    "boot_validation_ansible_playbook": str(Path(sys.executable).parent / "ansible-playbook"),
+                    "boot_validation_collections_path": str(REPO / ".collections"),
                     # The registration role talks to the lab's HAProxy (on the controller).
                     "lb_registration_balancer": "lab-balancer",
                     "lb_registration_socket": b["socket"],

@@ -155,6 +155,9 @@ class Machine:
             "node_dir": str(self.dir), "root": str(self.dir / "root"), "console": str(self.console),
             "hw_dir": str(self.hw_dir), "hw_in_node": HW_IN_NODE, "root_env": hw.ROOT_ENV,
             "lab_package": str(LAB_PACKAGE),
+            # the controller's Python (its venv's ansible-playbook runs in the node at boot,
+            # for boot validation); under the host's root home, which the node does not see
+            "python_prefix": sys.base_prefix,
         }
         _write(self.dir / "boot.json", json.dumps(cfg, indent=1) + "\n")
 

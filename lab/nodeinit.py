@@ -15,6 +15,8 @@ copy of the mount table), it assembles the node's root:
       /proc/cmdline, /proc/sys/kernel/random/boot_id   the simulated machine's, bound read-only
       /proc/sys (but /proc/sys/net), /proc/sysrq-trigger, ...   read-only: they are the host's kernel
       <repo>/lab         the repository's lab package, read-only (stand-ins on the node's PATH)
+      <python prefix>    the controller's Python, read-only, when the node's root does not show
+                         it (under root's home): boot validation runs the venv's ansible-playbook
 
 waits for one line on stdin from the host (its network is wired then: ``go ADDR/PREFIX GW``),
 configures ``lo`` and ``eth0``, checks that the root it is about to enter is a private one,
@@ -111,6 +113,10 @@ def assemble(cfg):
     bind(f"{cfg['hw_dir']}/proc/sys/kernel/random/boot_id",
          f"{root}/proc/sys/kernel/random/boot_id", readonly=True)
     bind(cfg["lab_package"], root + cfg["lab_package"], readonly=True)
+    prefix = cfg.get("python_prefix")
+    if prefix and not os.path.exists(root + prefix + "/bin"):
+        os.makedirs(root + prefix, exist_ok=True)
+        bind(prefix, root + prefix, readonly=True)
 
 
 def check_private(cfg):

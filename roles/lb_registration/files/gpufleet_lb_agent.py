@@ -10,43 +10,15 @@ gpufleet.node.lb_registration role); the socket is the standard output. It answe
                              of an earlier boot, a failed gate, an unreadable marker
 
 `down` takes the server out of rotation whatever its health check says; `up` lets the health
-check decide. HAProxy wants a space before the `#` of the description (`down#why` is read as an
-unknown word and ignored). The agent never touches the administrative state (ready, drain,
-maint): that stays with the operators and the registration role.
+check decide. The agent never touches the administrative state (ready, drain, maint): that stays
+with the operators and the registration role. The rule is gpufleet.node's _readiness.py,
+installed beside this file.
 
     python3 /usr/local/lib/gpufleet/gpufleet_lb_agent.py --marker PATH [--boot-id PATH]
 """
 import argparse
-import json
+import os
 import sys
-
-
-def verdict(marker_path, boot_id_path):
-    """The agent's answer, without the line end."""
-    try:
-        with open(boot_id_path) as f:
-            boot_id = f.read().strip()
-    except OSError as exc:
-        return f"down #cannot read the boot id at {boot_id_path}: {exc.strerror}"
-    try:
-        with open(marker_path) as f:
-            marker = json.load(f)
-    except FileNotFoundError:
-        return f"down #no NCCL gate marker at {marker_path}: the gate has not run since boot"
-    except (OSError, ValueError) as exc:
-        return f"down #unreadable NCCL gate marker at {marker_path}: {exc}"
-    if not isinstance(marker, dict):
-        return f"down #unreadable NCCL gate marker at {marker_path}: not a JSON object"
-    if marker.get("boot_id") != boot_id:
-        return f"down #the NCCL gate marker is from another boot ({marker.get('boot_id')})"
-    if marker.get("passed") is not True:
-        return f"down #the NCCL gate failed: {marker.get('reason') or 'no reason recorded'}"
-    return "up"
-
-
-def one_line(text, limit=200):
-    """HAProxy reads one line; the description goes to its stats page and logs."""
-    return " ".join(str(text).split())[:limit]
 
 
 def main(argv=None):
@@ -55,7 +27,9 @@ def main(argv=None):
     parser.add_argument("--boot-id", default="/proc/sys/kernel/random/boot_id",
                         help="where the current boot id is read")
     args = parser.parse_args(argv)
-    sys.stdout.write(one_line(verdict(args.marker, args.boot_id)) + "\n")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _readiness import agent_answer  # installed beside this file
+    sys.stdout.write(agent_answer(args.marker, args.boot_id) + "\n")
     sys.stdout.flush()
     return 0
 

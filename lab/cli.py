@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .fleet import DEFAULT_INVENTORY, DEFAULT_PROFILES, STATE_ENV, Fleet
+from .fleet import BOOT_TIMEOUT, DEFAULT_INVENTORY, DEFAULT_PROFILES, STATE_ENV, Fleet
 from .preflight import LabError
 
 
@@ -37,7 +37,8 @@ def parser():
     up.add_argument("--profiles", type=_profiles, metavar="P1,P2,...",
                     help=f"node profiles (default {','.join(DEFAULT_PROFILES)})")
     up.add_argument("--inventory", metavar="FILE", help="write the inventory here instead")
-    up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the nodes' sshd")
+    up.add_argument("--timeout", type=float, default=BOOT_TIMEOUT,
+                    help="seconds to wait for the nodes to finish booting")
     sub.add_parser("down", help="stop everything and remove what `up` made")
     rb = sub.add_parser("reboot", help="power-cycle a node: firmware defaults, empty /run, boot")
     rb.add_argument("node")

@@ -41,7 +41,8 @@ STATE_ENV = "GPUFLEET_LAB_STATE"
 DEFAULT_INVENTORY = REPO / "inventories" / "lab" / "hosts.yml"
 DEFAULT_PROFILES = ("l40s-4x-switch", "l40s-4x-switch", "h100-sxm-8x", "l40s-x8-degraded")
 NETWORK = ipaddress.ip_network("10.213.0.0/16")  # one /24 per lab, one /30 per node
-BOOT_TIMEOUT = 60.0
+# A boot ends when systemd has started everything, boot validation (the NCCL gate) included.
+BOOT_TIMEOUT = 300.0
 # What `up` makes in the state directory; `down` removes exactly these (and keeps `lock`).
 MADE = ("lab.json", "lab.tmp", "ssh", "nodes", "haproxy.cfg", "haproxy.pid", "haproxy.sock", "hosts.yml")
 

@@ -278,6 +278,16 @@ class LabFleet:
             self._hosts[node] = testinfra.get_host(f"ansible://{node}", ansible_inventory=str(self.inventory))
         return self._hosts[node]
 
+    def agent(self, node):
+        """What the node's HAProxy agent answers the balancer (asked from the node itself)."""
+        return self.sh(node, "python3 -c 'import socket; print(socket.create_connection((\"127.0.0.1\", 9777), 5)"
+                             ".makefile().readline().strip())'").strip()
+
+    def unit_state(self, node, unit):
+        """{ActiveState, SubState, Result} of a unit on node."""
+        out = self.sh(node, f"systemctl show -p ActiveState,SubState,Result {unit}")
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
     def sh(self, node, command):
         """Run a command on node; fail with its output when it exits non-zero."""
         result = self.host(node).run(command)

@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -67,9 +68,15 @@ def test_units_enabled(converged, node, registered):
     unit = host.file("/etc/systemd/system/gpufleet-acs.service")
     assert unit.user == "root" and unit.mode == 0o644
     assert "WantedBy=sysinit.target" in unit.content_string
+    # boot validation on every node; it starts vLLM at boot, so vLLM itself is not enabled
+    assert host.service("gpufleet-validate.service").is_enabled
+    agent = host.service("gpufleet-lb-agent.socket")
     vllm = host.service("vllm.service")
+    # the agent comes with registration, which a node that failed its gate never reached
+    assert agent.is_enabled and agent.is_running if registered else not host.file(
+        "/etc/systemd/system/gpufleet-lb-agent.socket").exists
     if registered:
-        assert vllm.is_enabled and vllm.is_running
+        assert vllm.is_running and not vllm.is_enabled
         assert host.file("/etc/systemd/system/vllm.service").mode == 0o644
     else:
         # the gate stopped the node before the serving role: no server was installed
@@ -120,12 +127,16 @@ def test_marker_is_for_the_current_boot(converged, node, registered):
 def test_registration_state(converged, node, registered):
     address = converged.nodes[node]["address"]
     if registered:
-        # HAProxy's own health check reaches the node's /health: the server goes up
+        assert converged.agent(node) == "up"
+        # HAProxy's health check reaches /health and the agent says up: the server goes up
         pool = converged.wait_pool(lambda p: p.get(node, {}).get("op_state") == "running")
         assert pool.get(node, {}).get("state") == "ready", pool
         assert pool[node]["op_state"] == "running", pool
         assert (pool[node]["address"], pool[node]["port"]) == (address, 8000)
+        assert (pool[node]["agent_address"], pool[node]["agent_port"]) == (address, 9777), pool
         assert converged.config_servers().get(node) == f"{address}:8000"
+        line = re.search(rf"^\s+server {node} .*$", Path(converged.balancer["config"]).read_text(), re.M)[0]
+        assert f"check agent-check agent-addr {address} agent-port 9777" in line, line
     else:
         assert node not in converged.pool()
         assert node not in converged.config_servers()
@@ -142,3 +153,26 @@ def test_acs_redirect_cleared_on_the_gpu_paths(converged, node, registered):
     model = converged.hw(node)
     gpus = [g.index for g in model.gpus]
     assert not [(i, j) for i, j in itertools.combinations(gpus, 2) if model.redirected(i, j)]
+
+
+@pytest.mark.parametrize("node,registered", NODES)
+def test_boot_validation_is_installed(converged, node, registered):
+    host = converged.host(node)
+    directory = host.file("/etc/gpufleet/validate")
+    assert directory.is_directory and directory.user == "root" and directory.mode == 0o700
+    inventory = host.file("/etc/gpufleet/validate/inventory.yml")
+    assert inventory.user == "root" and inventory.mode == 0o600
+    hosts = yaml.safe_load(inventory.content_string)["all"]["children"]["gpu_nodes"]["hosts"]
+    assert list(hosts) == [node]
+    local = hosts[node]
+    assert local["ansible_connection"] == "local" and local["lb_registration_balancer"] == ""
+    assert local["vllm_server_model"] == "Llama-3.3-70B-Instruct-FP8"
+    assert local["gpufleet_sysfs_path"] == "/lab/hw/sys/bus/pci"
+    assert "lb_registration_socket" not in local and "nccl_gate_force" not in local
+    unit = host.file("/etc/systemd/system/gpufleet-validate.service").content_string
+    assert re.search(r"^ExecStart=/\S+/ansible-playbook gpufleet\.node\.validate$", unit, re.M), unit
+    assert re.search(r"^After=.*gpufleet-acs\.service", unit, re.M), unit
+    # the playbook's collection is there for the node's run
+    cfg = host.file("/etc/gpufleet/validate/ansible.cfg").content_string
+    collections = re.search(r"^collections_path = (\S+)$", cfg, re.M)[1]
+    assert host.file(f"{collections}/ansible_collections/gpufleet/node/playbooks/validate.yml").exists

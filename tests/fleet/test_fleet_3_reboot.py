@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""A power cycle of a healthy node: firmware turns ACS redirect back on and /run is empty.
+"""A power cycle: firmware turns ACS redirect back on and /run (the gate's marker) is empty.
 
-With the boot unit enabled, gpufleet-acs.service clears ACS again at boot; the gate marker is
-gone, so the drift check reports the node (registered without a marker of this boot).  With the
-boot unit (and what pulls it in) disabled, the drift check also reports ACS re-enabled, and
-site.yml brings the node back: registered, drift clean.
+With the boot units enabled, gpufleet-acs.service clears ACS again before anything opens the GPUs
+and gpufleet-validate.service (playbook validate.yml, run on the node itself) measures the node
+again, starts vLLM and lets the node's HAProxy agent say `up`: the node is back in rotation and
+the drift check is clean.  With the boot units disabled, nothing measures the node: vLLM does not
+start (boot validation starts it), the agent says `down`, the node is out of rotation, and the
+drift check reports ACS re-enabled and the missing marker; site.yml then brings it back.  A node
+whose validation fails at boot (the x8-degraded one) stays out.
 """
 from __future__ import annotations
 
@@ -46,10 +49,15 @@ def _assert_others_unchanged(fleet, drift, node):
         if other != node:
             assert drift.report["nodes"][other] == [], drift.report["nodes"][other]
     for other in fleet.refused:
-        assert {i["kind"] for i in drift.report["nodes"][other]} == {"out_of_service"}
+        if other != node:
+            assert {i["kind"] for i in drift.report["nodes"][other]} == {"out_of_service"}
 
 
-def test_reboot_with_the_boot_unit(fleet, converged):
+def _journal(fleet, node, unit):
+    return fleet.sh(node, f"journalctl -b --no-pager -o cat -u {unit}")
+
+
+def test_reboot_with_the_boot_units(fleet, converged):
     node = fleet.healthy[0]
     host = fleet.host(node)
     writes = _acs_writes(host.file(UNIT).content_string)
@@ -60,39 +68,46 @@ def test_reboot_with_the_boot_unit(fleet, converged):
 
     fleet.reboot(node)
 
-    assert fleet.nodes[node]["boot_id"] != old_boot
-    assert not host.file(MARKER).exists and not host.file("/run/gpufleet").exists, "/run survived the reboot"
-    unit = fleet.sh(node, "systemctl show -p ActiveState,SubState,Result gpufleet-acs.service")
-    assert "ActiveState=active" in unit and "SubState=exited" in unit and "Result=success" in unit, unit
+    boot = fleet.nodes[node]["boot_id"]
+    assert boot != old_boot
+    acs = fleet.unit_state(node, "gpufleet-acs.service")
+    assert acs == {"ActiveState": "active", "SubState": "exited", "Result": "success"}, acs
+    validation = fleet.unit_state(node, "gpufleet-validate.service")
+    assert validation == {"ActiveState": "active", "SubState": "exited", "Result": "success"}, (
+        validation, _journal(fleet, node, "gpufleet-validate.service")[-4000:])
     now = _registers(fleet, node, writes)
     for bdf, value, mask in writes:
-        assert now[bdf] & mask == value & mask, f"{bdf}: ACSCtl {now[bdf]:#06x} after boot, the unit did not clear it"
-    # nothing took the node out: it is still in the pool, without a marker of this boot
-    assert node in fleet.pool()
+        assert now[bdf] & mask == value & mask, f"{bdf}: ACSCtl {now[bdf]:#06x} after boot"
+    # the gate ran again in this boot, on idle GPUs, and passed
+    marker = json.loads(host.file(MARKER).content_string)
+    assert marker["boot_id"] == boot and marker["passed"] is True, marker
+    journal = _journal(fleet, node, "gpufleet-validate.service")
+    assert re.search(rf"^{node}\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0", journal, re.M), journal[-3000:]
+    assert host.service("vllm.service").is_running
+    assert fleet.agent(node) == "up"
+    pool = fleet.wait_pool(lambda p: p.get(node, {}).get("op_state") == "running")
+    assert pool[node]["state"] == "ready" and pool[node]["op_state"] == "running", pool
 
-    drift = fleet.drift(label="drift.yml (after reboot, boot unit on)")
-    assert drift.run.rc != 0, drift.run.explain()
-    assert node in drift.report["drifted"], drift.report
-    assert not _items(drift, node, role="pcie_p2p"), "ACS was re-applied at boot: no ACS drift expected"
-    failed = " ".join(i["detail"] for i in _items(drift, node, "lb_registration", "failed"))
-    assert f"no NCCL gate marker at {MARKER}" in failed, drift.table
-    registered = " ".join(i["detail"] for i in _items(drift, node, "lb_registration", "changed"))
-    assert f"del server vllm_pool/{node}" in registered, drift.table  # registered without a current marker
-    assert f'gpufleet_drift_detected{{node="{node}"}} 1' in drift.prom
+    drift = fleet.drift(label="drift.yml (after reboot, boot units on)")
+    assert drift.run.rc == 0, drift.run.explain()
+    assert drift.report["nodes"][node] == [] and drift.report["drifted"] == [], drift.table
     _assert_others_unchanged(fleet, drift, node)
-    # the check only looked
-    assert node in fleet.pool() and not host.file(MARKER).exists
+
+    # validate.yml from the controller, in the same boot: the verdict holds, nothing changes
+    run = fleet.playbook("validate.yml", limit=node, label=f"validate.yml --limit {node} (controller)")
+    assert run.rc == 0 and run.recap[node]["changed"] == 0, run.explain()
+    assert json.loads(host.file(MARKER).content_string) == marker
+    fleet.dirty = False
 
 
-def test_reboot_without_the_boot_unit_then_site_restores(fleet, first_run):
+def test_reboot_without_the_boot_units_then_site_restores(fleet, first_run):
     node = fleet.healthy[0]
     host = fleet.host(node)
     writes = _acs_writes(host.file(UNIT).content_string)
     firmware = _firmware_acs(fleet, node)
-    # vllm.service Wants= the boot unit: disabling the boot unit alone still runs it at boot
-    wants = fleet.sh(node, "systemctl show -p Wants --value vllm.service").split()
-    assert "gpufleet-acs.service" in wants, wants
-    fleet.sh(node, "systemctl disable --quiet gpufleet-acs.service vllm.service")
+    # nothing pulls the boot units in: vLLM is ordered after the ACS unit, never Wants= it
+    assert "gpufleet-acs.service" not in fleet.sh(node, "systemctl show -p Wants --value vllm.service").split()
+    fleet.sh(node, "systemctl disable --quiet gpufleet-acs.service gpufleet-validate.service")
 
     fleet.reboot(node)
 
@@ -101,33 +116,40 @@ def test_reboot_without_the_boot_unit_then_site_restores(fleet, first_run):
     model = fleet.hw(node)
     assert any(model.redirected(i.index, j.index) for i in model.gpus for j in model.gpus if i.index < j.index)
     assert not host.file(MARKER).exists
-    assert not host.service("gpufleet-acs.service").is_running
+    for unit in ("gpufleet-acs.service", "gpufleet-validate.service", "vllm.service"):
+        assert fleet.unit_state(node, unit)["ActiveState"] == "inactive", unit
+    # out of rotation by itself: still a member of the pool, but its agent says down
+    assert fleet.agent(node) == f"down #no NCCL gate marker at {MARKER}: the gate has not run since boot"
+    pool = fleet.wait_pool(lambda p: p.get(node, {}).get("op_state") == "stopped")
+    assert pool[node]["op_state"] == "stopped", pool
 
-    drift = fleet.drift(label="drift.yml (after reboot, boot unit off)")
+    drift = fleet.drift(label="drift.yml (after reboot, boot units off)")
     assert drift.run.rc != 0, drift.run.explain()
     assert node in drift.report["drifted"], drift.report
     acs = _items(drift, node, "pcie_p2p", "changed")
     acs_tasks = {i["task"].split(" : ")[-1] for i in acs}
     assert "Clear ACS redirect (gpu_paths)" in acs_tasks, drift.table  # ACS re-enabled
     assert "Enable gpufleet-acs.service" in acs_tasks, drift.table     # the unit is off
+    boot_validation = {i["task"].split(" : ")[-1] for i in _items(drift, node, "boot_validation", "changed")}
+    assert "Enable boot validation" in boot_validation, drift.table
     cleared = next(i["detail"] for i in acs if i["task"].endswith("Clear ACS redirect (gpu_paths)"))
     redirecting = [bdf for bdf, value, mask in writes if firmware[bdf] & mask != value & mask]
     assert all(bdf in cleared for bdf in redirecting), (cleared, redirecting)
     failed = " ".join(i["detail"] for i in _items(drift, node, "lb_registration", "failed"))
     assert f"no NCCL gate marker at {MARKER}" in failed, drift.table  # the missing marker
-    assert drift.report["nodes"][node], drift.table
     assert re.search(rf"^{node}\s+changed\s+pcie_p2p\s", drift.table, re.M), drift.table
+    assert f'gpufleet_drift_detected{{node="{node}"}} 1' in drift.prom
     _assert_others_unchanged(fleet, drift, node)
 
     run = fleet.site(limit=node, label=f"site.yml --limit {node} (restore)")
-    assert fleet.recap_ok(run, node), run.explain()
-    assert run.rc == 0, run.explain()
-    pool = fleet.pool()
-    assert pool.get(node, {}).get("state") == "ready", pool
+    assert fleet.recap_ok(run, node) and run.rc == 0, run.explain()
+    pool = fleet.wait_pool(lambda p: p.get(node, {}).get("op_state") == "running")
+    assert pool.get(node, {}).get("state") == "ready" and pool[node]["op_state"] == "running", pool
     assert fleet.config_servers().get(node) == f"{fleet.nodes[node]['address']}:8000"
     marker = json.loads(host.file(MARKER).content_string)
     assert marker["passed"] is True and marker["boot_id"] == fleet.nodes[node]["boot_id"]
-    assert host.service("gpufleet-acs.service").is_enabled and host.service("vllm.service").is_enabled
+    assert host.service("gpufleet-acs.service").is_enabled and host.service("gpufleet-validate.service").is_enabled
+    assert fleet.agent(node) == "up"
     now = _registers(fleet, node, writes)
     assert all(now[bdf] & mask == value & mask for bdf, value, mask in writes)
 
@@ -135,3 +157,27 @@ def test_reboot_without_the_boot_unit_then_site_restores(fleet, first_run):
     assert drift.run.rc == 0, drift.run.explain()
     assert drift.report["nodes"][node] == [] and drift.report["drifted"] == [], drift.table
     fleet.dirty = False
+
+
+def test_a_node_whose_validation_fails_at_boot_stays_out(fleet, first_run):
+    if not fleet.refused:
+        pytest.skip("no node in this fleet is expected to fail its gate")
+    node = fleet.refused[0]
+    host = fleet.host(node)
+
+    fleet.reboot(node)
+
+    boot = fleet.nodes[node]["boot_id"]
+    validation = fleet.unit_state(node, "gpufleet-validate.service")
+    assert validation["ActiveState"] == "failed" and validation["Result"] == "exit-code", validation
+    journal = re.sub(r"\s+", " ", _journal(fleet, node, "gpufleet-validate.service"))
+    assert f"{node} failed its validation and is out of the pool" in journal, journal[-3000:]
+    assert "trained to x8 of x16" in journal, journal[-3000:]
+    # measured in this boot (after ACS was re-applied) and failed; no server, not in the pool
+    marker = json.loads(host.file(MARKER).content_string)
+    assert marker["boot_id"] == boot and marker["passed"] is False, marker
+    assert fleet.unit_state(node, "vllm.service")["ActiveState"] == "inactive"
+    assert node not in fleet.pool() and node not in fleet.config_servers()
+
+    drift = fleet.drift(label="drift.yml (after the refused node's reboot)")
+    assert {i["kind"] for i in drift.report["nodes"][node]} == {"out_of_service"}, drift.table

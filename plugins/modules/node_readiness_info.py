@@ -149,7 +149,7 @@ def main():
 
     health_status = None
     if p["health_url"]:
-        health_status, _, error = _get(p["health_url"], p["timeout"])
+        health_status, _body, error = _get(p["health_url"], p["timeout"])
         if health_status != 200:
             reasons.append(f"the server is not healthy: {p['health_url']} answered "
                            f"{health_status if health_status > 0 else error or 'nothing'}")

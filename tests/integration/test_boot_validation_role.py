@@ -95,7 +95,16 @@ def test_refuses_before_writing_when_the_node_cannot_run_ansible(ansible_env, tm
     assert not root.exists(), "nothing may be written"
 
 
-def test_off_installs_nothing(ansible_env, tmp_path):
+def test_off_installs_nothing_and_removes_an_earlier_install(ansible_env, tmp_path):
     root = tmp_path / "root"
     rc, result = play(ansible_env, root, tmp_path / "nowhere", gpufleet_boot_validation=False)
     assert rc == 0 and result["stats"]["localhost"]["changed"] == 0 and not root.exists()
+
+    bin_ = fake_ansible_playbook(tmp_path)
+    assert play(ansible_env, root, bin_, **NODE_VARS)[0] == 0
+    rc, result = play(ansible_env, root, bin_, gpufleet_boot_validation=False)
+    assert rc == 0 and result["stats"]["localhost"]["changed"] == 1
+    assert not (root / "etc/systemd/system/gpufleet-validate.service").exists()
+    assert not (root / "etc/gpufleet/validate").exists()
+    rc, result = play(ansible_env, root, bin_, gpufleet_boot_validation=False)
+    assert rc == 0 and result["stats"]["localhost"]["changed"] == 0

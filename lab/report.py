@@ -61,12 +61,14 @@ def gather(fleet):
 
 def render(rows, pool_error=None):
     lines = [f"{'NODE':<8} {'PROFILE':<18} {'GATE':<18} {'BUSBW/THRESHOLD GB/s':<21} {'POOL':<8} "
-             f"{'EXPECTED':<9} VERDICT"]
+             f"{'TRAFFIC':<8} {'EXPECTED':<9} VERDICT"]
     for r in rows:
         bw = (f"{r['busbw_gbps']:.1f} / {r['threshold_gbps']:.1f}"
               if r["busbw_gbps"] is not None and r["threshold_gbps"] is not None else "-")
+        # TRAFFIC: HAProxy's operational state (health check and the node's agent), for a member
+        traffic = "-" if r["health"] == "-" else ("up" if r["health"] == "running" else "down")
         lines.append(f"{r['name']:<8} {r['profile']:<18} {r['gate']:<18} {bw:<21} {r['pool_state']:<8} "
-                     f"{'in' if r['expect_registered'] else 'out':<9} {'ok' if r['ok'] else 'WRONG'}")
+                     f"{traffic:<8} {'in' if r['expect_registered'] else 'out':<9} {'ok' if r['ok'] else 'WRONG'}")
     for r in rows:
         if r["gate"].startswith("FAILED"):
             lines.append(f"  {r['name']}: {r['reason']}")

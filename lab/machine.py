@@ -155,9 +155,10 @@ class Machine:
             "node_dir": str(self.dir), "root": str(self.dir / "root"), "console": str(self.console),
             "hw_dir": str(self.hw_dir), "hw_in_node": HW_IN_NODE, "root_env": hw.ROOT_ENV,
             "lab_package": str(LAB_PACKAGE),
-            # the controller's Python (its venv's ansible-playbook runs in the node at boot,
-            # for boot validation); under the host's root home, which the node does not see
-            "python_prefix": sys.base_prefix,
+            # What boot validation runs inside the node (the controller venv's ansible-playbook,
+            # its Python, this checkout's collection): bound read-only at the same paths where the
+            # node's root hides them (under the host's /tmp, /run or root's home).
+            "host_paths": sorted({str(LAB_PACKAGE.parent), sys.prefix, sys.base_prefix}),
         }
         _write(self.dir / "boot.json", json.dumps(cfg, indent=1) + "\n")
 

@@ -15,8 +15,9 @@ copy of the mount table), it assembles the node's root:
       /proc/cmdline, /proc/sys/kernel/random/boot_id   the simulated machine's, bound read-only
       /proc/sys (but /proc/sys/net), /proc/sysrq-trigger, ...   read-only: they are the host's kernel
       <repo>/lab         the repository's lab package, read-only (stand-ins on the node's PATH)
-      <python prefix>    the controller's Python, read-only, when the node's root does not show
-                         it (under root's home): boot validation runs the venv's ansible-playbook
+      <checkout> <venv> <python prefix>   read-only at the same paths, where the node's root hides
+                         them (under /tmp, /run, root's home): boot validation runs the controller
+                         venv's ansible-playbook on this checkout's collection inside the node
 
 waits for one line on stdin from the host (its network is wired then: ``go ADDR/PREFIX GW``),
 configures ``lo`` and ``eth0``, checks that the root it is about to enter is a private one,
@@ -112,11 +113,11 @@ def assemble(cfg):
             run("mount", "-o", "remount,bind,ro", target)
     bind(f"{cfg['hw_dir']}/proc/sys/kernel/random/boot_id",
          f"{root}/proc/sys/kernel/random/boot_id", readonly=True)
+    for path in cfg.get("host_paths", ()):  # shortest first: a parent before what is under it
+        if os.path.isdir(path) and not os.path.isdir(root + path):
+            os.makedirs(root + path, exist_ok=True)
+            bind(path, root + path, readonly=True)
     bind(cfg["lab_package"], root + cfg["lab_package"], readonly=True)
-    prefix = cfg.get("python_prefix")
-    if prefix and not os.path.exists(root + prefix + "/bin"):
-        os.makedirs(root + prefix, exist_ok=True)
-        bind(prefix, root + prefix, readonly=True)
 
 
 def check_private(cfg):

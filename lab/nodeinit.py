@@ -114,7 +114,9 @@ def assemble(cfg):
     bind(f"{cfg['hw_dir']}/proc/sys/kernel/random/boot_id",
          f"{root}/proc/sys/kernel/random/boot_id", readonly=True)
     for path in cfg.get("host_paths", ()):  # shortest first: a parent before what is under it
-        if os.path.isdir(path) and not os.path.isdir(root + path):
+        # hidden: missing, or only the empty mount point an earlier boot left in the upper dir
+        if os.path.isdir(path) and os.listdir(path) and not (
+                os.path.isdir(root + path) and os.listdir(root + path)):
             os.makedirs(root + path, exist_ok=True)
             bind(path, root + path, readonly=True)
     bind(cfg["lab_package"], root + cfg["lab_package"], readonly=True)

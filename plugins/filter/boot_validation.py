@@ -20,17 +20,21 @@ def boot_validation_vars(host_vars, prefixes, exclude=(), overrides=None):
 
     ``host_vars`` is ``hostvars[inventory_hostname]``: inventory, group and extra variables (role
     defaults are not there, so the node's run computes those from its own facts at boot). Left
-    out: the names in ``exclude``, private names (``__...``), and registered task results.
+    out: names that match one of the regular expressions in ``exclude`` whole (a plain name
+    matches itself), private names (``__...``), and registered task results.
     ``overrides`` are applied last. The result is sorted by name so that the file it is written
     to only changes when a setting does.
     """
     if not isinstance(prefixes, (list, tuple)) or not all(isinstance(p, str) and p for p in prefixes):
         raise AnsibleFilterError("boot_validation_vars: prefixes must be a list of non-empty strings")
     wanted = re.compile("^(?:%s)" % "|".join(re.escape(p) for p in prefixes))
-    skip = set(exclude or ())
+    try:
+        skip = re.compile("|".join("(?:%s)" % e for e in exclude or ()) or "(?!)")
+    except re.error as exc:
+        raise AnsibleFilterError("boot_validation_vars: an exclude pattern is not a regular expression: %s" % exc)
     out = {}
     for name in sorted(host_vars):
-        if name.startswith("__") or name in skip or not wanted.match(name):
+        if name.startswith("__") or skip.fullmatch(name) or not wanted.match(name):
             continue
         value = host_vars[name]
         if _is_task_result(value):

@@ -41,7 +41,8 @@ def fake_ansible_playbook(tmp_path):
 NODE_VARS = {"vllm_server_model": "Llama-3.3-70B-Instruct-FP8", "vllm_server_api_key": SECRET,
              "nccl_gate_min_busbw_gbps": 20, "gpu_topology_expect": {"gpu_count": 4},
              "nccl_gate_force": True, "lb_registration_balancer": "lb1",
-             "lb_registration_socket": "/run/haproxy/admin.sock", "unrelated": "x"}
+             "lb_registration_socket": "/run/haproxy/admin.sock", "unrelated": "x",
+             "gpufleet_acceptance_duration": 3}
 
 
 def test_installs_a_node_local_run_idempotently(ansible_env, tmp_path):

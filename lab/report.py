@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 from .preflight import LabError
@@ -19,8 +20,13 @@ def _collection_path():
         sys.path.insert(0, path)
 
 
-def gather(fleet):
-    """[{name, profile, expect_registered, registered, pool_state, gate, busbw, threshold, reason, ok}]"""
+def gather(fleet, settle=6.0):
+    """[{name, profile, expect_registered, registered, pool_state, gate, busbw, threshold, reason, ok}]
+
+    A server added seconds ago is down until HAProxy's first health and agent checks (every 2 s)
+    have passed: the pool is read again for up to `settle` seconds while a member in service
+    is still down, so that the report shows where the checks land rather than their start.
+    """
     _collection_path()
     from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import HAProxyError, RuntimeAPI
 
@@ -28,11 +34,17 @@ def gather(fleet):
     if not data:
         raise LabError(f"no lab at {fleet.state}: run `python -m lab up` first")
     bal = fleet.balancer(data)
-    try:
-        pool = RuntimeAPI(bal.spec["socket"]).servers(bal.spec["backend"])
-        pool_error = None
-    except HAProxyError as exc:
-        pool, pool_error = {}, str(exc)
+    deadline = time.monotonic() + settle
+    while True:
+        try:
+            pool = RuntimeAPI(bal.spec["socket"]).servers(bal.spec["backend"])
+            pool_error = None
+        except HAProxyError as exc:
+            pool, pool_error = {}, str(exc)
+        settling = [s for s in pool.values() if s["state"] == "ready" and s["op_state"] != "running"]
+        if not settling or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     rows = []
     for m in fleet.machines(data):
         name = m.spec["name"]

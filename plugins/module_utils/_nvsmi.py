@@ -27,57 +27,59 @@ from __future__ import annotations
 import csv
 import re
 
+from ansible_collections.gpufleet.node.plugins.module_utils import _pcipath
+
 #: The fields the topology facts need, in the order the module asks for them.
-QUERY_FIELDS = ('index', 'uuid', 'name', 'pci.bus_id', 'memory.total', 'pcie.link.gen.current',
-                'pcie.link.gen.max', 'pcie.link.width.current', 'pcie.link.width.max',
-                'driver_version')
+QUERY_FIELDS = (
+    "index",
+    "uuid",
+    "name",
+    "pci.bus_id",
+    "memory.total",
+    "pcie.link.gen.current",
+    "pcie.link.gen.max",
+    "pcie.link.width.current",
+    "pcie.link.width.max",
+    "driver_version",
+)
 
 #: ``topo -p2p`` mode letters (a separate argv element) and the facts' names for them.
-P2P_MODES = (('read', 'r'), ('write', 'w'), ('nvlink', 'n'))
+P2P_MODES = (("read", "r"), ("write", "w"), ("nvlink", "n"))
 
 #: P2P statuses and what they mean (nvidia-smi's legend).
 P2P_STATUSES = {
-    'X': 'self',
-    'OK': 'status OK',
-    'CNS': 'chipset not supported',
-    'GNS': 'GPU not supported',
-    'TNS': 'topology not supported',
-    'NS': 'not supported',
-    'DR': 'disabled by regkey',
-    'U': 'unknown',
+    "X": "self",
+    "OK": "status OK",
+    "CNS": "chipset not supported",
+    "GNS": "GPU not supported",
+    "TNS": "topology not supported",
+    "NS": "not supported",
+    "DR": "disabled by regkey",
+    "U": "unknown",
 }
 
-#: topo -m link classes, best to worst (NV# ranks above every PCIe class).
-PCIE_LINK_ORDER = ('PIX', 'PXB', 'PHB', 'NODE', 'SYS')
-LINK_MEANINGS = {
-    'X': 'self',
-    'NV#': 'a bonded set of # NVLinks',
-    'PIX': 'at most a single PCIe bridge',
-    'PXB': 'multiple PCIe bridges, no host bridge',
-    'PHB': 'a PCIe host bridge (typically the CPU)',
-    'NODE': 'the interconnect between PCIe host bridges within a NUMA node',
-    'SYS': 'the SMP interconnect between NUMA nodes (QPI/UPI/Infinity Fabric)',
-}
+# The link classes of topo -m, their meaning and order: _pcipath (the path vocabulary).
 
-AFFINITY_LABELS = ('CPU Affinity', 'NUMA Affinity', 'GPU NUMA ID')
+AFFINITY_LABELS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 
-_ANSI_RE = re.compile(r'\x1b\[[0-9;?]*[A-Za-z]')
-_HEADER_TOKEN_RE = re.compile(r'CPU Affinity|NUMA Affinity|GPU NUMA ID|\S+')
-_GPU_LABEL_RE = re.compile(r'^GPU(\d+)$')
-_NIC_LABEL_RE = re.compile(r'^NIC(\d+)$')
-_NIC_LEGEND_RE = re.compile(r'^\s*(NIC\d+)\s*:\s*(\S+)\s*$')
-_LINK_RE = re.compile(r'^(X|NV\d+|PIX|PXB|PHB|NODE|SYS|SOC|N/A)$')
-_NVLINK_GPU_RE = re.compile(r'^GPU\s+(\d+)\s*:')
-_NVLINK_LINK_RE = re.compile(r'^\s*Link\s+(\d+)\s*:\s*(.*?)\s*$')
-_CPU_RANGE_RE = re.compile(r'^(\d+)(?:-(\d+))?$')
-_BUS_ID_RE = re.compile(r'^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$')
+_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_HEADER_TOKEN_RE = re.compile(r"CPU Affinity|NUMA Affinity|GPU NUMA ID|\S+")
+_GPU_LABEL_RE = re.compile(r"^GPU(\d+)$")
+_NIC_LABEL_RE = re.compile(r"^NIC(\d+)$")
+_NIC_LEGEND_RE = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
+# SOC: older drivers' name for SYS; N/A: no path.
+_LINK_RE = re.compile(r"^(X|NV\d+|%s|SOC|N/A)$" % "|".join(_pcipath.PATH_CLASSES))
+_NVLINK_GPU_RE = re.compile(r"^GPU\s+(\d+)\s*:")
+_NVLINK_LINK_RE = re.compile(r"^\s*Link\s+(\d+)\s*:\s*(.*?)\s*$")
+_CPU_RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
+_BUS_ID_RE = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
 
 
 class NvidiaSmiError(Exception):
     """nvidia-smi said something that means there are no facts to give (driver, lost GPU...)."""
 
-    def __init__(self, cause, message, text=''):
-        super(NvidiaSmiError, self).__init__(message)
+    def __init__(self, cause, message, text=""):
+        super().__init__(message)
         self.cause = cause
         self.text = text
 
@@ -89,53 +91,63 @@ class NvidiaSmiParseError(ValueError):
 # -- failure texts --------------------------------------------------------------------------
 #: (cause, pattern, what it means and what to do). Checked in this order, on stdout+stderr.
 FAILURES = (
-    ('driver_not_loaded',
-     re.compile(r"NVIDIA-SMI has failed because it couldn.t communicate with the NVIDIA driver"),
-     'the NVIDIA kernel driver is not loaded (nvidia-smi cannot talk to it): check '
-     '`lsmod | grep nvidia`, `dmesg | grep NVRM`, and that the driver was built for the running '
-     'kernel (DKMS) and is not blocked by Secure Boot'),
-    ('driver_library_mismatch',
-     re.compile(r'Failed to initialize NVML: Driver/library version mismatch'),
-     'the loaded NVIDIA kernel module and the user-space NVML library are different versions '
-     '(typically after a driver upgrade without a reboot): reboot, or reload the nvidia modules'),
-    ('nvml_library_missing',
-     re.compile(r"couldn't find libnvidia-ml\.so|NVML Shared Library Not Found", re.I),
-     'libnvidia-ml.so (NVML, part of the driver) is not installed or not on the library path'),
-    ('gpu_lost',
-     re.compile(r'Unable to determine the device handle for GPU\s*([0-9A-Fa-f:.]+)\s*:\s*(.*)'),
-     'a GPU the driver knows does not answer: it has most likely fallen off the bus (look for '
-     '"Xid 79" / "fallen off the bus" in dmesg); the node needs a GPU reset or a reboot, and '
-     'the GPU may need reseating or replacing'),
-    ('gpu_lost',
-     re.compile(r'GPU is lost|has fallen off the bus', re.I),
-     'a GPU has fallen off the bus (see dmesg for Xid 79); the node needs a GPU reset or reboot'),
+    (
+        "driver_not_loaded",
+        re.compile(r"NVIDIA-SMI has failed because it couldn.t communicate with the NVIDIA driver"),
+        "the NVIDIA kernel driver is not loaded (nvidia-smi cannot talk to it): check "
+        "`lsmod | grep nvidia`, `dmesg | grep NVRM`, and that the driver was built for the running "
+        "kernel (DKMS) and is not blocked by Secure Boot",
+    ),
+    (
+        "driver_library_mismatch",
+        re.compile(r"Failed to initialize NVML: Driver/library version mismatch"),
+        "the loaded NVIDIA kernel module and the user-space NVML library are different versions "
+        "(typically after a driver upgrade without a reboot): reboot, or reload the nvidia modules",
+    ),
+    (
+        "nvml_library_missing",
+        re.compile(r"couldn't find libnvidia-ml\.so|NVML Shared Library Not Found", re.I),
+        "libnvidia-ml.so (NVML, part of the driver) is not installed or not on the library path",
+    ),
+    (
+        "gpu_lost",
+        re.compile(r"Unable to determine the device handle for GPU\s*([0-9A-Fa-f:.]+)\s*:\s*(.*)"),
+        "a GPU the driver knows does not answer: it has most likely fallen off the bus (look for "
+        '"Xid 79" / "fallen off the bus" in dmesg); the node needs a GPU reset or a reboot, and '
+        "the GPU may need reseating or replacing",
+    ),
+    (
+        "gpu_lost",
+        re.compile(r"GPU is lost|has fallen off the bus", re.I),
+        "a GPU has fallen off the bus (see dmesg for Xid 79); the node needs a GPU reset or reboot",
+    ),
 )
 
-NO_DEVICES_RE = re.compile(r'^\s*No devices were found\s*$', re.M)
+NO_DEVICES_RE = re.compile(r"^\s*No devices were found\s*$", re.M)
 
 
 def check_failure(text):
     """Raise NvidiaSmiError when ``text`` carries one of nvidia-smi's failure messages."""
-    text = text or ''
+    text = text or ""
     for cause, pattern, meaning in FAILURES:
         match = pattern.search(text)
         if match:
-            line = text[text.rfind('\n', 0, match.start()) + 1:].split('\n', 1)[0].strip()
-            where = ''
-            if cause == 'gpu_lost' and match.groups():
+            line = text[text.rfind("\n", 0, match.start()) + 1 :].split("\n", 1)[0].strip()
+            where = ""
+            if cause == "gpu_lost" and match.groups():
                 bus = normalize_bus_id(match.group(1))
-                where = ' (GPU %s)' % (bus or match.group(1))
+                where = " (GPU %s)" % (bus or match.group(1))
             raise NvidiaSmiError(cause, 'nvidia-smi: "%s"%s: %s' % (line, where, meaning), text)
 
 
 def no_devices(text):
     """True when nvidia-smi reports that the driver sees no GPU at all."""
-    return bool(NO_DEVICES_RE.search(text or ''))
+    return bool(NO_DEVICES_RE.search(text or ""))
 
 
 # -- small value parsers --------------------------------------------------------------------
 def strip_ansi(text):
-    return _ANSI_RE.sub('', text or '')
+    return _ANSI_RE.sub("", text or "")
 
 
 def normalize_bus_id(text):
@@ -146,7 +158,7 @@ def normalize_bus_id(text):
     if not match:
         return None
     domain, bus, dev, fn = match.groups()
-    return '%04x:%02x:%02x.%s' % (int(domain or '0', 16), int(bus, 16), int(dev, 16), fn)
+    return "%04x:%02x:%02x.%s" % (int(domain or "0", 16), int(bus, 16), int(dev, 16), fn)
 
 
 def parse_cpu_list(text):
@@ -154,26 +166,26 @@ def parse_cpu_list(text):
     if text is None:
         return None
     text = text.strip()
-    if not text or text.upper() in ('N/A', '[N/A]'):
+    if not text or text.upper() in ("N/A", "[N/A]"):
         return None
     cpus = set()
-    for part in text.split(','):
+    for part in text.split(","):
         part = part.strip()
         if not part:
             continue
         match = _CPU_RANGE_RE.match(part)
         if not match:
-            raise NvidiaSmiParseError('not a CPU list: %r' % text)
+            raise NvidiaSmiParseError("not a CPU list: %r" % text)
         first = int(match.group(1))
         last = int(match.group(2)) if match.group(2) is not None else first
         if last < first:
-            raise NvidiaSmiParseError('CPU range runs backwards in %r' % text)
+            raise NvidiaSmiParseError("CPU range runs backwards in %r" % text)
         cpus.update(range(first, last + 1))
     return sorted(cpus)
 
 
 def _cpu_range(first, last):
-    return str(first) if first == last else '%s-%s' % (first, last)
+    return str(first) if first == last else "%s-%s" % (first, last)
 
 
 def format_cpu_list(cpus):
@@ -193,7 +205,7 @@ def format_cpu_list(cpus):
             start = prev = cpu
     if start is not None:
         parts.append(_cpu_range(start, prev))
-    return ','.join(parts)
+    return ",".join(parts)
 
 
 def normalize_cpu_list(text):
@@ -205,23 +217,12 @@ def parse_int_or_none(text):
     if text is None:
         return None
     text = text.strip()
-    if text.endswith('x') and text[:-1].isdigit():      # '16x' in -q output
+    if text.endswith("x") and text[:-1].isdigit():  # '16x' in -q output
         text = text[:-1]
     try:
         return int(text)
     except ValueError:
         return None
-
-
-def link_rank(link):
-    """Sort key, best first: X, NV# (more links better), PIX, PXB, PHB, NODE, SYS, unknown."""
-    if link == 'X':
-        return (0, 0)
-    if link and link.startswith('NV') and link[2:].isdigit():
-        return (1, -int(link[2:]))
-    if link in PCIE_LINK_ORDER:
-        return (2 + PCIE_LINK_ORDER.index(link), 0)
-    return (99, 0)
 
 
 # -- nvidia-smi topo -m ---------------------------------------------------------------------
@@ -241,52 +242,53 @@ def parse_topo_matrix(text):
     header_at = None
     for number, line in enumerate(lines):
         tokens = _header_tokens(line)
-        if 'GPU0' in tokens:
+        if "GPU0" in tokens:
             header_at = number
             break
     if header_at is None:
-        raise NvidiaSmiParseError('no topology header (a line naming GPU0) in nvidia-smi topo -m output')
+        raise NvidiaSmiParseError("no topology header (a line naming GPU0) in nvidia-smi topo -m output")
     tokens = _header_tokens(lines[header_at])
-    tokens = tokens[tokens.index('GPU0'):]
+    tokens = tokens[tokens.index("GPU0") :]
     devices = []
     affinity = []
     for token in tokens:
         if token in AFFINITY_LABELS:
             affinity.append(token)
         elif affinity:
-            raise NvidiaSmiParseError('device column %r after the affinity columns' % token)
+            raise NvidiaSmiParseError("device column %r after the affinity columns" % token)
         else:
             devices.append(token)
     if len(set(devices)) != len(devices):
-        raise NvidiaSmiParseError('duplicate column labels in topo -m header: %s' % ' '.join(devices))
+        raise NvidiaSmiParseError("duplicate column labels in topo -m header: %s" % " ".join(devices))
 
     rows = {}
-    for line in lines[header_at + 1:]:
+    for line in lines[header_at + 1 :]:
         stripped = line.strip()
         if not stripped:
             continue
-        if stripped.startswith('Legend:') or stripped.startswith('NIC Legend:'):
+        if stripped.startswith("Legend:") or stripped.startswith("NIC Legend:"):
             break
         cells = stripped.split()
         label = cells[0]
         if label not in devices:
-            raise NvidiaSmiParseError('topo -m row %r is not one of the header columns' % label)
+            raise NvidiaSmiParseError("topo -m row %r is not one of the header columns" % label)
         values = cells[1:]
-        links = values[:len(devices)]
+        links = values[: len(devices)]
         if len(links) < len(devices):
-            raise NvidiaSmiParseError('topo -m row %s has %d link cells for %d columns'
-                                      % (label, len(links), len(devices)))
+            raise NvidiaSmiParseError(
+                "topo -m row %s has %d link cells for %d columns" % (label, len(links), len(devices))
+            )
         for cell in links:
             if not _LINK_RE.match(cell):
-                raise NvidiaSmiParseError('topo -m row %s: %r is not a link class' % (label, cell))
+                raise NvidiaSmiParseError("topo -m row %s: %r is not a link class" % (label, cell))
         # Drivers before the NODE class (2017) printed SOC for what is now SYS.
-        links = ['SYS' if cell == 'SOC' else cell for cell in links]
-        rows[label] = (dict(zip(devices, links)), values[len(devices):])
+        links = ["SYS" if cell == "SOC" else cell for cell in links]
+        rows[label] = (dict(zip(devices, links)), values[len(devices) :])
 
     nic_names = {}
     in_nic_legend = False
-    for line in lines[header_at + 1:]:
-        if line.strip().startswith('NIC Legend:'):
+    for line in lines[header_at + 1 :]:
+        if line.strip().startswith("NIC Legend:"):
             in_nic_legend = True
             continue
         if in_nic_legend:
@@ -298,41 +300,45 @@ def parse_topo_matrix(text):
     nics = []
     for label in devices:
         if label not in rows:
-            raise NvidiaSmiParseError('topo -m has a %s column but no %s row' % (label, label))
+            raise NvidiaSmiParseError("topo -m has a %s column but no %s row" % (label, label))
         links, rest = rows[label]
         gpu = _GPU_LABEL_RE.match(label)
         if gpu:
             extra = dict(zip(affinity, rest))
-            numa = extra.get('NUMA Affinity')
-            gpu_numa = extra.get('GPU NUMA ID')
-            gpus.append({
-                'label': label,
-                'index': int(gpu.group(1)),
-                'links': dict((peer, links[peer]) for peer in devices if _GPU_LABEL_RE.match(peer)),
-                'nic_links': dict((peer, links[peer]) for peer in devices if not _GPU_LABEL_RE.match(peer)),
-                'cpu_affinity': normalize_cpu_list(extra.get('CPU Affinity')),
-                'numa_affinity': None if numa in (None, 'N/A') else numa,
-                'gpu_numa_id': parse_int_or_none(gpu_numa),
-            })
+            numa = extra.get("NUMA Affinity")
+            gpu_numa = extra.get("GPU NUMA ID")
+            gpus.append(
+                {
+                    "label": label,
+                    "index": int(gpu.group(1)),
+                    "links": {peer: links[peer] for peer in devices if _GPU_LABEL_RE.match(peer)},
+                    "nic_links": {peer: links[peer] for peer in devices if not _GPU_LABEL_RE.match(peer)},
+                    "cpu_affinity": normalize_cpu_list(extra.get("CPU Affinity")),
+                    "numa_affinity": None if numa in (None, "N/A") else numa,
+                    "gpu_numa_id": parse_int_or_none(gpu_numa),
+                }
+            )
         else:
-            nics.append({
-                'label': label,
-                'device': nic_names.get(label, None if _NIC_LABEL_RE.match(label) else label),
-                'links': dict((peer, links[peer]) for peer in devices if _GPU_LABEL_RE.match(peer)),
-            })
+            nics.append(
+                {
+                    "label": label,
+                    "device": nic_names.get(label, None if _NIC_LABEL_RE.match(label) else label),
+                    "links": {peer: links[peer] for peer in devices if _GPU_LABEL_RE.match(peer)},
+                }
+            )
     _check_symmetric(gpus)
-    return {'gpus': gpus, 'nics': nics, 'columns': devices, 'affinity_columns': affinity}
+    return {"gpus": gpus, "nics": nics, "columns": devices, "affinity_columns": affinity}
 
 
 def _check_symmetric(gpus):
-    by_label = dict((gpu['label'], gpu) for gpu in gpus)
+    by_label = {gpu["label"]: gpu for gpu in gpus}
     for gpu in gpus:
-        if gpu['links'].get(gpu['label']) != 'X':
-            raise NvidiaSmiParseError('topo -m: %s is not X on the diagonal' % gpu['label'])
-        for peer, link in gpu['links'].items():
+        if gpu["links"].get(gpu["label"]) != "X":
+            raise NvidiaSmiParseError("topo -m: %s is not X on the diagonal" % gpu["label"])
+        for peer, link in gpu["links"].items():
             other = by_label.get(peer)
-            if other is not None and other['links'].get(gpu['label']) != link:
-                raise NvidiaSmiParseError('topo -m is not symmetric between %s and %s' % (gpu['label'], peer))
+            if other is not None and other["links"].get(gpu["label"]) != link:
+                raise NvidiaSmiParseError("topo -m is not symmetric between %s and %s" % (gpu["label"], peer))
 
 
 def numa_node_of(numa_affinity):
@@ -355,7 +361,7 @@ def parse_p2p_matrix(text):
         stripped = line.strip()
         if not stripped:
             continue
-        if stripped.startswith('Legend:'):
+        if stripped.startswith("Legend:"):
             break
         tokens = stripped.split()
         if header is None:
@@ -364,32 +370,33 @@ def parse_p2p_matrix(text):
             continue
         label = tokens[0]
         if label not in header:
-            raise NvidiaSmiParseError('topo -p2p row %r is not one of the header columns' % label)
+            raise NvidiaSmiParseError("topo -p2p row %r is not one of the header columns" % label)
         statuses = tokens[1:]
         if len(statuses) != len(header):
-            raise NvidiaSmiParseError('topo -p2p row %s has %d cells for %d columns'
-                                      % (label, len(statuses), len(header)))
+            raise NvidiaSmiParseError(
+                "topo -p2p row %s has %d cells for %d columns" % (label, len(statuses), len(header))
+            )
         matrix[label] = dict(zip(header, statuses))
     if header is None:
-        raise NvidiaSmiParseError('no GPU header line in nvidia-smi topo -p2p output')
+        raise NvidiaSmiParseError("no GPU header line in nvidia-smi topo -p2p output")
     missing = [label for label in header if label not in matrix]
     if missing:
-        raise NvidiaSmiParseError('topo -p2p has no row for %s' % ', '.join(missing))
+        raise NvidiaSmiParseError("topo -p2p has no row for %s" % ", ".join(missing))
     return matrix
 
 
 # -- nvidia-smi --query-gpu -----------------------------------------------------------------
 def query_argv(binary, fields=QUERY_FIELDS):
-    return [binary, '--query-gpu=' + ','.join(fields), '--format=csv,noheader,nounits']
+    return [binary, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"]
 
 
 def _clean_value(value):
     value = value.strip()
-    if value in ('[N/A]', 'N/A', '[Not Supported]', '[Unknown Error]', '[Insufficient Permissions]'):
+    if value in ("[N/A]", "N/A", "[Not Supported]", "[Unknown Error]", "[Insufficient Permissions]"):
         return None
-    for unit in (' MiB', ' MHz', ' W', ' %'):
+    for unit in (" MiB", " MHz", " W", " %"):
         if value.endswith(unit):
-            return value[:-len(unit)]
+            return value[: -len(unit)]
     return value
 
 
@@ -405,7 +412,7 @@ def parse_query_csv(text, fields=None):
     reader = csv.reader(lines, skipinitialspace=True)
     rows = list(reader)
     first = [cell.strip() for cell in rows[0]]
-    names = [re.sub(r'\s*\[.*\]$', '', cell) for cell in first]
+    names = [re.sub(r"\s*\[.*\]$", "", cell) for cell in first]
     # A header names every field asked for (values never look like field names).
     if fields is None or set(fields) <= set(names):
         header, rows = names, rows[1:]
@@ -414,9 +421,10 @@ def parse_query_csv(text, fields=None):
     result = []
     for row in rows:
         if len(row) != len(header):
-            raise NvidiaSmiParseError('query CSV row has %d values for %d fields: %r'
-                                      % (len(row), len(header), ', '.join(row)))
-        result.append(dict((name, _clean_value(value)) for name, value in zip(header, row)))
+            raise NvidiaSmiParseError(
+                "query CSV row has %d values for %d fields: %r" % (len(row), len(header), ", ".join(row))
+            )
+        result.append({name: _clean_value(value) for name, value in zip(header, row)})
     return result
 
 
@@ -434,6 +442,6 @@ def parse_nvlink_status(text):
         match = _NVLINK_LINK_RE.match(line)
         if match and current is not None:
             state = match.group(2)
-            if re.match(r'^[0-9.]+\s*GB/s$', state):
+            if re.match(r"^[0-9.]+\s*GB/s$", state):
                 counts[current] += 1
     return counts

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 ---
 module: gpu_topology_facts
 short_description: GPU topology facts from NVML or nvidia-smi, checked against the PCI tree
@@ -26,6 +26,11 @@ description:
   - A host whose driver reports no GPU gets empty facts with C(no_gpus=true); that fails only
     when O(expect.gpu_count) asks for GPUs. nvidia-smi's failure texts (driver not loaded,
     driver/library mismatch, a GPU fallen off the bus) fail the task and name the cause.
+  - A driver that reports no GPU (nvidia-smi prints nothing or C(No devices were found)) while
+    the PCI tree holds NVIDIA GPUs bound to the C(nvidia) driver is a driver problem, and the task
+    fails (cause C(driver_no_devices)).
+  - Every C(nvidia-smi) call has a deadline (O(timeout)); a call that runs past it is killed with
+    its process group and the task fails naming the command (cause C(nvidia_smi_timeout)).
 version_added: 0.1.0
 author:
   - gpufleet.node developers (@gpufleet)
@@ -46,12 +51,13 @@ options:
       - Path of the C(nvidia-smi) binary. By default it is looked up on E(PATH) (and in
         C(/usr/bin), C(/usr/local/bin)).
     type: path
-  sysfs_path:
+  timeout:
     description:
-      - The sysfs PCI tree used for the cross-check, with the same meaning as pciutils'
-        C(-O sysfs.path=); point it at a captured or simulated tree to audit one.
-    type: path
-    default: /sys/bus/pci
+      - Seconds each C(nvidia-smi) call may take. A call still running then is killed (its whole
+        process group) and the task fails naming the command; a hung C(nvidia-smi) usually
+        means a wedged driver or GPU.
+    type: int
+    default: 60
   expect:
     description:
       - What the node must have. Every unmet expectation is a violation.
@@ -89,16 +95,10 @@ options:
       - Return the violations without failing the task.
     type: bool
     default: false
-attributes:
-  check_mode:
-    support: full
-    description: Reads only; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing, so there is no diff.
-  facts:
-    support: full
-    description: Sets C(ansible_facts.gpu_topology).
+extends_documentation_fragment:
+  - gpufleet.node.sysfs
+  - gpufleet.node.attributes.read_only
+  - gpufleet.node.attributes.facts
 notes:
   - The C(nvidia-smi) calls run with C(LC_ALL=C). The C(topo -p2p) mode letter is passed as its own
     argument.
@@ -109,9 +109,9 @@ notes:
 seealso:
   - module: gpufleet.node.pcie_acs_info
   - module: gpufleet.node.pcie_acs
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: Gather GPU topology facts
   gpufleet.node.gpu_topology_facts:
 
@@ -141,9 +141,9 @@ EXAMPLES = r'''
     backend: nvidia_smi
     nvidia_smi_path: "{{ playbook_dir }}/../lab/bin/nvidia-smi"
     sysfs_path: "{{ lab_root }}/sys/bus/pci"
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 backend:
   description: The backend that produced the facts (V(none) when no tool could be used and the PCI
     tree holds no NVIDIA GPU).
@@ -269,13 +269,13 @@ ansible_facts:
           description: As RV(violations).
           type: list
           elements: dict
-'''
+"""
 
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _gpu
+from ansible_collections.gpufleet.node.plugins.module_utils import _gpu, _proc
 
 try:
     import pynvml
@@ -287,99 +287,127 @@ else:
 
 
 def run_nvidia_smi(module):
+    timeout = module.params["timeout"]
+
     def run(argv):
-        return module.run_command(argv, environ_update={'LC_ALL': 'C'})
+        result = _proc.run(argv, timeout, environment={"LC_ALL": "C"})
+        if result.timed_out:
+            raise _gpu.GpuTopologyError(
+                "nvidia_smi_timeout",
+                "%s: a hung nvidia-smi usually means a wedged driver or GPU (look for Xid errors in "
+                "dmesg); raise timeout only if this node is known to be slow" % _proc.describe_timeout(argv, timeout),
+            )
+        return result.rc, result.stdout, result.stderr
+
     return run
 
 
 def find_nvidia_smi(module):
-    path = module.params['nvidia_smi_path']
+    path = module.params["nvidia_smi_path"]
     if path:
         return path
-    return module.get_bin_path('nvidia-smi', opt_dirs=['/usr/bin', '/usr/local/bin'])
+    return module.get_bin_path("nvidia-smi", opt_dirs=["/usr/bin", "/usr/local/bin"])
 
 
 def no_tool_result(module, notes, causes):
     """Neither NVML nor nvidia-smi could be used: fine without NVIDIA GPUs, else a failure."""
-    sysfs_path = module.params['sysfs_path']
+    sysfs_path = module.params["sysfs_path"]
     in_tree = _gpu.sysfs_nvidia_gpus(sysfs_path)
     if in_tree:
         module.fail_json(
-            msg='%s; yet the PCI tree at %s holds NVIDIA GPU(s) %s: install and load the NVIDIA driver '
-                '(nvidia-smi) or nvidia-ml-py, or set nvidia_smi_path'
-                % ('; '.join(causes), sysfs_path, ', '.join(in_tree)), backend_notes=notes)
+            msg="%s; yet the PCI tree at %s holds NVIDIA GPU(s) %s: install and load the NVIDIA driver "
+            "(nvidia-smi) or nvidia-ml-py, or set nvidia_smi_path"
+            % ("; ".join(causes), sysfs_path, ", ".join(in_tree)),
+            backend_notes=notes,
+        )
     record = _gpu.empty_record()
-    facts = _gpu.build_facts(record, 'none', sysfs_path, module.params['expect'])
+    facts = _gpu.build_facts(record, "none", sysfs_path, module.params["expect"])
     return facts
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            backend=dict(type='str', default='auto', choices=['auto', 'nvml', 'nvidia_smi']),
-            nvidia_smi_path=dict(type='path'),
-            sysfs_path=dict(type='path', default='/sys/bus/pci'),
-            expect=dict(type='dict', options=dict(
-                gpu_count=dict(type='int'),
-                min_pcie_gen=dict(type='int'),
-                min_pcie_width=dict(type='int'),
-                p2p_all_pairs=dict(type='bool', default=False),
-                nvlink_required=dict(type='bool', default=False),
-            )),
-            report_only=dict(type='bool', default=False),
+            backend=dict(type="str", default="auto", choices=["auto", "nvml", "nvidia_smi"]),
+            nvidia_smi_path=dict(type="path"),
+            timeout=dict(type="int", default=60),
+            sysfs_path=dict(type="path", default="/sys/bus/pci"),
+            expect=dict(
+                type="dict",
+                options=dict(
+                    gpu_count=dict(type="int"),
+                    min_pcie_gen=dict(type="int"),
+                    min_pcie_width=dict(type="int"),
+                    p2p_all_pairs=dict(type="bool", default=False),
+                    nvlink_required=dict(type="bool", default=False),
+                ),
+            ),
+            report_only=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
-    backend = module.params['backend']
-    sysfs_path = module.params['sysfs_path']
-    expect = module.params['expect'] or {}
+    backend = module.params["backend"]
+    sysfs_path = module.params["sysfs_path"]
+    if module.params["timeout"] <= 0:
+        module.fail_json(msg="timeout must be a positive number of seconds, not %d" % module.params["timeout"])
+    expect = module.params["expect"] or {}
     notes = []
     record = None
     used = None
     facts = None
 
     try:
-        if backend in ('auto', 'nvml'):
+        if backend in ("auto", "nvml"):
             if pynvml is None:
-                if backend == 'nvml':
-                    module.fail_json(msg='backend=nvml needs the nvidia-ml-py package (module pynvml) '
-                                         'on the target: pip install nvidia-ml-py',
-                                     exception=PYNVML_IMPORT_ERROR)
-                notes.append('NVML: the pynvml module (nvidia-ml-py) is not installed')
+                if backend == "nvml":
+                    module.fail_json(
+                        msg="backend=nvml needs the nvidia-ml-py package (module pynvml) "
+                        "on the target: pip install nvidia-ml-py",
+                        exception=PYNVML_IMPORT_ERROR,
+                    )
+                notes.append("NVML: the pynvml module (nvidia-ml-py) is not installed")
             else:
                 try:
                     record = _gpu.collect_nvml(pynvml)
-                    used = 'nvml'
+                    used = "nvml"
                 except _gpu.NvmlUnavailable as exc:
-                    if backend == 'nvml':
-                        facts = no_tool_result(module, notes, ['NVML: %s' % exc])
-                    notes.append('NVML: %s' % exc)
+                    if backend == "nvml":
+                        facts = no_tool_result(module, notes, ["NVML: %s" % exc])
+                    notes.append("NVML: %s" % exc)
         if record is None and facts is None:
             binary = find_nvidia_smi(module)
             if binary is None:
-                facts = no_tool_result(module, notes, notes + ['nvidia-smi is not on PATH'])
+                facts = no_tool_result(module, notes, notes + ["nvidia-smi is not on PATH"])
             else:
                 record = _gpu.collect_nvidia_smi(run_nvidia_smi(module), binary)
-                used = 'nvidia_smi'
+                used = "nvidia_smi"
+        if record is not None:
+            _gpu.check_driver_sees_gpus(record, used, sysfs_path)
     except _gpu.GpuTopologyError as exc:
         # A driver that is not loaded on a host whose PCI tree has no NVIDIA GPU: nothing to see.
-        if exc.cause == 'driver_not_loaded' and _gpu.sysfs_nvidia_gpus(sysfs_path) == []:
-            notes.append('%s (no NVIDIA GPU in the PCI tree at %s)' % (exc, sysfs_path))
-            facts = _gpu.build_facts(_gpu.empty_record(), 'none', sysfs_path, expect)
+        if exc.cause == "driver_not_loaded" and _gpu.sysfs_nvidia_gpus(sysfs_path) == []:
+            notes.append("%s (no NVIDIA GPU in the PCI tree at %s)" % (exc, sysfs_path))
+            facts = _gpu.build_facts(_gpu.empty_record(), "none", sysfs_path, expect)
         else:
             module.fail_json(msg=str(exc), cause=exc.cause, backend=used or backend, backend_notes=notes)
 
     if facts is None:
         facts = _gpu.build_facts(record, used, sysfs_path, expect)
-    violations = facts['violations']
-    result = dict(changed=False, backend=facts['backend'], backend_notes=notes, violations=violations,
-                  ansible_facts={'gpu_topology': facts})
-    if violations and not module.params['report_only']:
-        module.fail_json(msg='%d GPU topology violation(s): %s'
-                             % (len(violations), ' | '.join(v['message'] for v in violations)),
-                         **result)
+    violations = facts["violations"]
+    result = dict(
+        changed=False,
+        backend=facts["backend"],
+        backend_notes=notes,
+        violations=violations,
+        ansible_facts={"gpu_topology": facts},
+    )
+    if violations and not module.params["report_only"]:
+        module.fail_json(
+            msg="%d GPU topology violation(s): %s" % (len(violations), " | ".join(v["message"] for v in violations)),
+            **result,
+        )
     module.exit_json(**result)
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

@@ -37,13 +37,11 @@ options:
       - The sysfs PCI tree, with the meaning of pciutils' C(-O sysfs.path=).
       - Defaults to C(<sysfs_root>/bus/pci).
     type: path
-attributes:
-  check_mode:
-    support: full
-    description: The module only reads; it behaves the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing is changed, so there is no diff.
+extends_documentation_fragment:
+  - gpufleet.node.attributes.read_only
+notes:
+  - O(sysfs_root) and O(proc_path) must exist (with C(<proc_path>/cmdline) readable); a tree
+    that is not there fails the task instead of reading as "IOMMU off".
 seealso:
   - module: gpufleet.node.pcie_acs_info
   - module: gpufleet.node.pcie_acs
@@ -179,27 +177,28 @@ sysfs_path:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.node.plugins.module_utils._iommu import audit
+from ansible_collections.gpufleet.node.plugins.module_utils._iommu import IommuError, audit
 from ansible_collections.gpufleet.node.plugins.module_utils._pci import PciError
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            sysfs_root=dict(type='path', default='/sys'),
-            proc_path=dict(type='path', default='/proc'),
-            sysfs_path=dict(type='path'),
+            sysfs_root=dict(type="path", default="/sys"),
+            proc_path=dict(type="path", default="/proc"),
+            sysfs_path=dict(type="path"),
         ),
         supports_check_mode=True,
     )
     params = module.params
     try:
-        result = audit(params['sysfs_root'], params['proc_path'], params['sysfs_path'])
-    except (PciError, OSError) as exc:
-        module.fail_json(msg='reading IOMMU state under %s and %s failed: %s'
-                         % (params['sysfs_root'], params['proc_path'], exc))
+        result = audit(params["sysfs_root"], params["proc_path"], params["sysfs_path"])
+    except (IommuError, PciError, OSError) as exc:
+        module.fail_json(
+            msg="reading IOMMU state under %s and %s failed: %s" % (params["sysfs_root"], params["proc_path"], exc)
+        )
     module.exit_json(changed=False, **result)
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

@@ -14,9 +14,13 @@ description:
   - Computes the target ACS Control value of every ACS-capable port in a scope and writes the
     ports that differ with the real C(setpci), as a masked write of C(ECAP_ACS+0x6.w), so only
     the chosen bits change.
-  - Reads every register back after its write and stops at the first port that does not hold
-    the value, reporting exactly which ports were changed, which were already right, which
-    failed and which were not attempted.
+  - The plan (per port - current value, target, mask, the C(setpci) argument and why) is made
+    before anything is written and is what check mode and diff show (RV(plan)). Then each write
+    is read back, and the run stops at the first port that does not hold the value, reporting
+    exactly which ports were changed, which were already right, which failed and which were not
+    attempted.
+  - A port in scope whose extended config space (where ACS lives) could not be read is unknown,
+    not "without ACS"; the module fails naming it and the likely cause, and writes nothing.
   - By default it clears ReqRedir, CmpltRedir and EgressCtrl (the bits that send GPU peer
     traffic up to the root complex, as NCCL's troubleshooting guide and the kernel's
     C(pci=disable_acs_redir=) do) on the bridges crossed by GPU-GPU and GPU-RDMA-NIC peer
@@ -28,13 +32,18 @@ description:
     what a boot unit needs (RV(persist)) and the equivalent kernel parameter (RV(kernel_param)).
 author:
   - gpufleet.node developers (@gpufleet)
+extends_documentation_fragment:
+  - gpufleet.node.sysfs
 options:
   sysfs_path:
     description:
-      - The sysfs PCI tree, with the meaning of pciutils' C(-O sysfs.path=). When it is not the
-        default, C(setpci) is run with C(-O sysfs.path=<sysfs_path>) as well.
-    type: path
-    default: /sys/bus/pci
+      - When it is not the default, C(setpci) is run with C(-O sysfs.path=<sysfs_path>) as well.
+  timeout:
+    description:
+      - Seconds each C(setpci) call may take; one still running then is killed (its process
+        group) and the run stops there, reporting what was and was not changed.
+    type: int
+    default: 30
   state:
     description:
       - V(cleared) turns the bits in O(bits) off; V(set) turns them on (only on ports whose ACS
@@ -118,6 +127,44 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+plan:
+  description: The plan, one record per port in scope, in the order they are handled; what
+    check mode and diff show.
+  returned: success or failure after the plan was made
+  type: list
+  elements: dict
+  contains:
+    bdf:
+      description: PCI address.
+      type: str
+      sample: "0000:42:00.0"
+    offset:
+      description: Config-space offset of the ACS capability.
+      type: int
+      sample: 336
+    current:
+      description: ACS Control now.
+      type: int
+      sample: 29
+    target:
+      description: ACS Control wanted.
+      type: int
+      sample: 17
+    mask:
+      description: The bits this port may change.
+      type: int
+      sample: 44
+    setpci_arg:
+      description: The masked setpci write that puts the port in the target state.
+      type: str
+      sample: "ECAP_ACS+0x6.w=0000:002c"
+    write:
+      description: Whether the port differs from the target (and so is written).
+      type: bool
+    why:
+      description: Why the port is in scope, and what the write changes.
+      type: str
+      sample: "crossed by GPU-GPU or GPU-RDMA-NIC peer traffic; clear ReqRedir CmpltRedir"
 ports:
   description: Every port in scope, in the order they were handled.
   returned: success or failure after scanning the tree
@@ -216,193 +263,208 @@ vfio_conflicts:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.node.plugins.module_utils import _proc
 from ansible_collections.gpufleet.node.plugins.module_utils._pci import (
     ACS_FLAG_NAMES,
-    ACS_REDIRECT_NAMES,
     DEFAULT_SYSFS_PATH,
+    SCOPES,
+    AcsPlanError,
     PciError,
     PciTopology,
-    acs_bits_mask,
     format_acs,
-    kernel_param,
     normalize_bdf,
-    plan_acs_write,
+    plan_acs,
     read_acs_ctl,
     setpci_args,
 )
+from ansible_collections.gpufleet.node.plugins.module_utils._pcipath import ACS_REDIRECT_NAMES
 
-LOCKDOWN_TEXT = 'Operation not permitted'
-
-
-def _scope_ports(module, topo, scope, devices):
-    if scope == 'devices':
-        ports = []
-        for bdf in devices:
-            if bdf not in topo.devices:
-                module.fail_json(
-                    msg='PCI device %s is not present under %s/devices; check the address with '
-                        '`lspci -D` (or the sysfs_path)' % (bdf, topo.sysfs_path),
-                    changed=False, failed_port=bdf)
-            if topo.devices[bdf].config.acs is None:
-                module.fail_json(
-                    msg='PCI device %s has no ACS extended capability; there is nothing to change '
-                        'on it (list the ports above it instead, see pcie_acs_info)' % bdf,
-                    changed=False, failed_port=bdf)
-            if bdf not in ports:
-                ports.append(bdf)
-        return ports
-    if scope == 'all_bridges':
-        return topo.acs_bridges()
-    candidates = topo.peer_path_bridges()
-    return sorted(bdf for bdf in candidates if topo.devices[bdf].config.acs is not None)
+LOCKDOWN_TEXT = "Operation not permitted"
 
 
 def _diff_line(bdf, value):
-    return '%s ACSCtl 0x%04x: %s\n' % (bdf, value, format_acs(value))
+    return "%s ACSCtl 0x%04x: %s\n" % (bdf, value, format_acs(value))
+
+
+def make_plan(module, result):
+    """Arguments -> the plan (module_utils computes it); fails here, before anything is written."""
+    params = module.params
+    if params["devices"] and params["scope"] != "devices":
+        module.fail_json(msg="devices is only used with scope=devices (scope is %s)" % params["scope"], **result)
+    devices = []
+    for text in params["devices"] or []:
+        try:
+            devices.append(normalize_bdf(text))
+        except ValueError as exc:
+            module.fail_json(msg=str(exc), **result)
+    if not params["bits"]:
+        module.fail_json(msg="bits is empty: name at least one ACS Control bit", **result)
+    if params["timeout"] <= 0:
+        module.fail_json(msg="timeout must be a positive number of seconds, not %d" % params["timeout"], **result)
+    try:
+        topo = PciTopology.scan(params["sysfs_path"])
+        return plan_acs(topo, params["scope"], devices, params["bits"], params["state"], params["force"])
+    except AcsPlanError as exc:
+        module.fail_json(msg=str(exc), **dict(result, failed_port=exc.port, vfio_conflicts=exc.vfio_conflicts))
+    except PciError as exc:
+        module.fail_json(msg=str(exc), **result)
+
+
+def execute(module, plan, result):
+    """Write each port of the plan that differs, read it back, stop at the first mismatch."""
+    params = module.params
+    sysfs_path = params["sysfs_path"]
+    index = {port["bdf"]: port for port in result["ports"]}
+    setpci = module.get_bin_path("setpci")
+    if setpci is None:
+        module.fail_json(
+            msg="setpci was not found (searched PATH and the sbin directories); install the "
+            "Debian/Ubuntu package pciutils (apt-get install pciutils)",
+            **result,
+        )
+
+    pending = [port["bdf"] for port in plan["writes"]]
+    for port in plan["writes"]:
+        bdf = port["bdf"]
+        pending.remove(bdf)
+        result["not_attempted_ports"] = list(pending)
+        argv = [setpci] + setpci_args(bdf, port["target"], port["mask"], sysfs_path)
+        run = _proc.run(argv, params["timeout"])
+        rc, out, err = run.rc, run.stdout, run.stderr
+        if run.timed_out:
+            result["failed_port"] = bdf
+            result["changed"] = bool(result["changed_ports"])
+            module.fail_json(
+                msg="%s writing ACS Control of %s; the port was not verified and no further port was "
+                "written. Changed so far: %s"
+                % (_proc.describe_timeout(argv, params["timeout"]), bdf, ", ".join(result["changed_ports"]) or "none"),
+                stdout=out,
+                stderr=err,
+                cmd=argv,
+                **result,
+            )
+        if LOCKDOWN_TEXT in err or LOCKDOWN_TEXT in out:
+            result["failed_port"] = bdf
+            module.fail_json(
+                msg="the kernel refused the write to ACS Control of %s (%s): kernel lockdown "
+                "(Secure Boot) forbids PCI config-space writes from user space. Nothing after "
+                "it was written. Disable lockdown/Secure Boot, or use the kernel parameter %s "
+                "and reboot"
+                % (bdf, err.strip() or out.strip(), plan["kernel_param"] or "pci=disable_acs_redir=<bdf>;..."),
+                rc=rc,
+                stdout=out,
+                stderr=err,
+                cmd=argv,
+                **result,
+            )
+        if rc != 0:
+            result["failed_port"] = bdf
+            module.fail_json(
+                msg="setpci failed on %s with rc %d: %s" % (bdf, rc, err.strip() or out.strip()),
+                rc=rc,
+                stdout=out,
+                stderr=err,
+                cmd=argv,
+                **result,
+            )
+        try:
+            now = read_acs_ctl(sysfs_path, bdf, port["offset"])
+        except (OSError, PciError) as exc:
+            result["failed_port"] = bdf
+            module.fail_json(
+                msg="could not read back ACS Control of %s after the write: %s" % (bdf, exc),
+                stdout=out,
+                stderr=err,
+                cmd=argv,
+                **result,
+            )
+        index[bdf]["acs_ctl_after"] = now
+        if now != port["target"]:
+            result["failed_port"] = bdf
+            result["changed"] = bool(result["changed_ports"])
+            module.fail_json(
+                msg="ACS Control of %s reads back 0x%04x after writing 0x%04x (mask 0x%04x); the "
+                "port did not take the value, so no further port was written. Changed so far: %s"
+                % (bdf, now, port["target"], port["mask"], ", ".join(result["changed_ports"]) or "none"),
+                stdout=out,
+                stderr=err,
+                cmd=argv,
+                **result,
+            )
+        index[bdf]["changed"] = True
+        result["changed_ports"].append(bdf)
+        result["changed"] = True
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            sysfs_path=dict(type='path', default=DEFAULT_SYSFS_PATH),
-            state=dict(type='str', choices=['cleared', 'set'], default='cleared'),
-            bits=dict(type='list', elements='str', choices=list(ACS_FLAG_NAMES),
-                      default=list(ACS_REDIRECT_NAMES)),
-            scope=dict(type='str', choices=['gpu_paths', 'devices', 'all_bridges'], default='gpu_paths'),
-            devices=dict(type='list', elements='str'),
-            force=dict(type='bool', default=False),
+            sysfs_path=dict(type="path", default=DEFAULT_SYSFS_PATH),
+            timeout=dict(type="int", default=30),
+            state=dict(type="str", choices=["cleared", "set"], default="cleared"),
+            bits=dict(type="list", elements="str", choices=list(ACS_FLAG_NAMES), default=list(ACS_REDIRECT_NAMES)),
+            scope=dict(type="str", choices=list(SCOPES), default="gpu_paths"),
+            devices=dict(type="list", elements="str"),
+            force=dict(type="bool", default=False),
         ),
-        required_if=[('scope', 'devices', ['devices'])],
+        required_if=[("scope", "devices", ["devices"])],
         supports_check_mode=True,
     )
-    params = module.params
-    sysfs_path = params['sysfs_path']
-    state = params['state']
-    scope = params['scope']
-    result = dict(changed=False, ports=[], changed_ports=[], unchanged_ports=[],
-                  not_attempted_ports=[], failed_port=None, vfio_conflicts=[])
+    result = dict(
+        changed=False,
+        ports=[],
+        changed_ports=[],
+        unchanged_ports=[],
+        not_attempted_ports=[],
+        failed_port=None,
+        vfio_conflicts=[],
+    )
+    plan = make_plan(module, result)
+    for text in plan["warnings"]:
+        module.warn(text)
 
-    if params['devices'] and scope != 'devices':
-        module.fail_json(msg='devices is only used with scope=devices (scope is %s)' % scope, **result)
-    devices = []
-    for text in params['devices'] or []:
-        try:
-            devices.append(normalize_bdf(text))
-        except ValueError as exc:
-            module.fail_json(msg=str(exc), **result)
-    if not params['bits']:
-        module.fail_json(msg='bits is empty: name at least one ACS Control bit', **result)
-    mask = acs_bits_mask(params['bits'])
-
-    try:
-        topo = PciTopology.scan(sysfs_path)
-    except PciError as exc:
-        module.fail_json(msg=str(exc), **result)
-
-    plan = []
-    for bdf in _scope_ports(module, topo, scope, devices):
-        acs = topo.devices[bdf].config.acs
-        if acs['quirk']:
-            module.warn('%s: skipped, its ACS Control register is not at the standard offset (%s quirk)'
-                        % (bdf, acs['quirk']))
-            continue
-        port_mask = mask if state == 'cleared' else mask & acs['cap']
-        target = plan_acs_write(acs['ctl'], port_mask, state)
-        plan.append((bdf, acs, port_mask, target))
-
-    to_write = [entry for entry in plan if entry[3] != entry[1]['ctl']]
-    if state == 'cleared' and to_write:
-        conflicts = topo.vfio_conflicts([entry[0] for entry in to_write])
-        result['vfio_conflicts'] = conflicts
-        if conflicts and not params['force']:
-            module.fail_json(
-                msg='refusing to clear ACS on %s: %s bound to vfio-pci would lose the isolation VMs '
-                    'rely on (%s); narrow the scope (scope: devices) to ports that route no '
-                    'passed-through device, or set force: true'
-                    % (', '.join(sorted(set(c['port'] for c in conflicts))),
-                       ', '.join(sorted(set(c['bdf'] for c in conflicts))),
-                       '; '.join('%s: %s' % (c['bdf'], c['reason']) for c in conflicts)),
-                **result)
-        if conflicts:
-            module.warn('force: clearing ACS although %s is bound to vfio-pci'
-                        % ', '.join(sorted(set(c['bdf'] for c in conflicts))))
-
-    result['mask'] = '%04x' % mask
-    result['persist'] = [
-        {'bdf': bdf, 'value': '%04x' % (target & port_mask), 'mask': '%04x' % port_mask,
-         'setpci_arg': 'ECAP_ACS+0x6.w=%04x:%04x' % (target & port_mask, port_mask)}
-        for bdf, _acs, port_mask, target in plan]
-    default_bits = set(params['bits']) == set(ACS_REDIRECT_NAMES)
-    result['kernel_param'] = kernel_param([e[0] for e in plan]) if state == 'cleared' and default_bits else ''
-    result['unchanged_ports'] = [e[0] for e in plan if e[3] == e[1]['ctl']]
-
-    before = ''.join(_diff_line(bdf, acs['ctl']) for bdf, acs, _m, _t in plan)
-    after = ''.join(_diff_line(bdf, target) for bdf, _a, _m, target in plan)
+    ports = plan["ports"]
+    result.update(
+        plan=ports,
+        vfio_conflicts=plan["vfio_conflicts"],
+        mask="%04x" % plan["mask"],
+        persist=[
+            {
+                "bdf": p["bdf"],
+                "value": "%04x" % (p["target"] & p["mask"]),
+                "mask": "%04x" % p["mask"],
+                "setpci_arg": p["setpci_arg"],
+            }
+            for p in ports
+        ],
+        kernel_param=plan["kernel_param"],
+        unchanged_ports=[p["bdf"] for p in ports if not p["write"]],
+        ports=[
+            {"bdf": p["bdf"], "acs_ctl_before": p["current"], "acs_ctl_after": p["current"], "changed": False}
+            for p in ports
+        ],
+    )
     if module._diff:
-        result['diff'] = dict(before=before, after=after,
-                              before_header='ACS Control (%s)' % sysfs_path,
-                              after_header='ACS Control (%s)' % sysfs_path)
-
-    ports = [{'bdf': bdf, 'acs_ctl_before': acs['ctl'], 'acs_ctl_after': acs['ctl'], 'changed': False}
-             for bdf, acs, _m, _t in plan]
-    index = dict((p['bdf'], p) for p in ports)
-    result['ports'] = ports
-
-    if not to_write:
+        header = "ACS Control (%s)" % module.params["sysfs_path"]
+        result["diff"] = dict(
+            before="".join(_diff_line(p["bdf"], p["current"]) for p in ports),
+            after="".join(_diff_line(p["bdf"], p["target"]) for p in ports),
+            before_header=header,
+            after_header=header,
+        )
+    if not plan["writes"]:
         module.exit_json(**result)
 
     if module.check_mode:
-        for bdf, _acs, _mask, target in to_write:
-            index[bdf].update(acs_ctl_after=target, changed=True)
-        result.update(changed=True, changed_ports=[e[0] for e in to_write])
+        index = {p["bdf"]: p for p in result["ports"]}
+        for port in plan["writes"]:
+            index[port["bdf"]].update(acs_ctl_after=port["target"], changed=True)
+        result.update(changed=True, changed_ports=[p["bdf"] for p in plan["writes"]])
         module.exit_json(**result)
 
-    setpci = module.get_bin_path('setpci')
-    if setpci is None:
-        module.fail_json(
-            msg='setpci was not found (searched PATH and the sbin directories); install the '
-                'Debian/Ubuntu package pciutils (apt-get install pciutils)', **result)
-
-    pending = [e[0] for e in to_write]
-    for bdf, acs, port_mask, target in to_write:
-        pending.remove(bdf)
-        argv = [setpci] + setpci_args(bdf, target, port_mask, sysfs_path)
-        rc, out, err = module.run_command(argv, environ_update={'LC_ALL': 'C'})
-        result['not_attempted_ports'] = list(pending)
-        if LOCKDOWN_TEXT in err or LOCKDOWN_TEXT in out:
-            result['failed_port'] = bdf
-            module.fail_json(
-                msg='the kernel refused the write to ACS Control of %s (%s): kernel lockdown '
-                    '(Secure Boot) forbids PCI config-space writes from user space. Nothing after '
-                    'it was written. Disable lockdown/Secure Boot, or use the kernel parameter %s '
-                    'and reboot' % (bdf, err.strip() or out.strip(), kernel_param([e[0] for e in plan])
-                                    or 'pci=disable_acs_redir=<bdf>;...'),
-                rc=rc, stdout=out, stderr=err, cmd=argv, **result)
-        if rc != 0:
-            result['failed_port'] = bdf
-            module.fail_json(msg='setpci failed on %s with rc %d: %s' % (bdf, rc, err.strip() or out.strip()),
-                             rc=rc, stdout=out, stderr=err, cmd=argv, **result)
-        try:
-            now = read_acs_ctl(sysfs_path, bdf, acs['offset'])
-        except (OSError, PciError) as exc:
-            result['failed_port'] = bdf
-            module.fail_json(msg='could not read back ACS Control of %s after the write: %s' % (bdf, exc),
-                             stdout=out, stderr=err, cmd=argv, **result)
-        index[bdf]['acs_ctl_after'] = now
-        if now != target:
-            result['failed_port'] = bdf
-            result['changed'] = bool(result['changed_ports'])
-            module.fail_json(
-                msg='ACS Control of %s reads back 0x%04x after writing 0x%04x (mask 0x%04x); the '
-                    'port did not take the value, so no further port was written. Changed so far: %s'
-                    % (bdf, now, target, port_mask, ', '.join(result['changed_ports']) or 'none'),
-                stdout=out, stderr=err, cmd=argv, **result)
-        index[bdf]['changed'] = True
-        result['changed_ports'].append(bdf)
-        result['changed'] = True
-
+    execute(module, plan, result)
     module.exit_json(**result)
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

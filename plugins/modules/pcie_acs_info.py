@@ -19,29 +19,21 @@ description:
   - Read-only; runs no external command.
   - Reading the capabilities needs root (the kernel cuts config space to 64 bytes for other
     users); the module fails with a clear message when that happens.
+  - A bridge on a GPU or peer path whose extended config space (256 bytes or less read) cannot
+    be decoded has an unknown ACS state, never "no ACS"; it is listed in RV(acs_unknown_ports)
+    with the likely cause, and C(peer_to_peer_clear) in RV(summary) is false.
 author:
   - gpufleet.node developers (@gpufleet)
-options:
-  sysfs_path:
-    description:
-      - The sysfs PCI tree to read, with the meaning of pciutils' C(-O sysfs.path=); the
-        devices are C(<sysfs_path>/devices/<domain:bus:dev.fn>).
-      - Point it at a captured or simulated tree to audit that instead of this host.
-    type: path
-    default: /sys/bus/pci
-attributes:
-  check_mode:
-    support: full
-    description: The module only reads; it behaves the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing is changed, so there is no diff.
+extends_documentation_fragment:
+  - gpufleet.node.sysfs
+  - gpufleet.node.attributes.read_only
 notes:
   - The bridges a GPU pair crosses are the union of both GPUs' upstream bridges minus the ones
     they share (two GPUs below one switch cross only its two downstream ports; GPUs on
     different root ports cross every bridge up to and including those root ports).
   - GPUs are functions with vendor 0x10de and class 0x0300 or 0x0302; RDMA NICs have class
-    0x0207, or 0x0200 with vendor 0x15b3.
+    0x0207, or 0x0200 with vendor 0x15b3 (ConnectX, RoCE) or bound to a PCI driver that is an
+    RDMA provider (C(mlx5_core), C(mlx4_core), C(efa)).
 seealso:
   - module: gpufleet.node.pcie_acs
   - module: gpufleet.node.iommu_info
@@ -127,6 +119,10 @@ ports:
     redirect:
       description: Whether ACS Control has ReqRedir, CmpltRedir or EgressCtrl set.
       type: bool
+    acs_unknown:
+      description: Whether the port is a PCI Express function whose extended config space could
+        not be read (its ACS state is unknown, not absent).
+      type: bool
     on_gpu_path:
       description: Whether the port is above any GPU.
       type: bool
@@ -211,6 +207,10 @@ gpu_pairs:
       description: Crossed bridges whose ACS Control redirects peer traffic.
       type: list
       elements: str
+    acs_unknown:
+      description: Crossed bridges whose ACS state could not be read.
+      type: list
+      elements: str
     blocked:
       description: Whether C(redirecting) is not empty.
       type: bool
@@ -227,13 +227,27 @@ gpu_nic_pairs:
   returned: success
   type: list
   elements: dict
+acs_unknown_ports:
+  description: Bridges on a GPU or peer path whose ACS state could not be read, with the reason
+    and likely cause; any entry makes C(summary.peer_to_peer_clear) false.
+  returned: success
+  type: list
+  elements: dict
+  contains:
+    bdf:
+      description: PCI address.
+      type: str
+    reason:
+      description: What could not be read and the likely cause.
+      type: str
 summary:
   description: Counts for dashboards and gates.
   returned: success
   type: dict
   sample: {"devices": 14, "ports": 9, "acs_capable_ports": 7, "redirecting_ports": 5,
            "redirecting_peer_path_ports": 5, "gpus": 4, "nics": 1, "gpu_pairs": 6,
-           "blocked_gpu_pairs": 6, "blocked_gpu_nic_pairs": 4, "peer_to_peer_clear": false}
+           "blocked_gpu_pairs": 6, "blocked_gpu_nic_pairs": 4, "acs_unknown_path_ports": 0,
+           "peer_to_peer_clear": false}
 warnings_found:
   description: Problems found while decoding (looped capability chains, quirky ports).
   returned: success
@@ -258,20 +272,20 @@ from ansible_collections.gpufleet.node.plugins.module_utils._pci import (
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            sysfs_path=dict(type='path', default=DEFAULT_SYSFS_PATH),
+            sysfs_path=dict(type="path", default=DEFAULT_SYSFS_PATH),
         ),
         supports_check_mode=True,
     )
-    sysfs_path = module.params['sysfs_path']
+    sysfs_path = module.params["sysfs_path"]
     try:
         audit = PciTopology.scan(sysfs_path).audit()
     except PciError as exc:
         module.fail_json(msg=str(exc), sysfs_path=sysfs_path)
-    warnings = audit.pop('warnings')
+    warnings = audit.pop("warnings")
     for text in warnings:
         module.warn(text)
     module.exit_json(changed=False, sysfs_path=sysfs_path, warnings_found=warnings, **audit)
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

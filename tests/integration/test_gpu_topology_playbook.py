@@ -1,14 +1,16 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """gpu_topology_facts through ansible-playbook (-c local) on lab machines: both backends, the
 facts they set, and a gate that fails on a degraded node."""
+
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "tests" / "integration" / "playbooks" / "gpu_topology.yml"
@@ -19,15 +21,17 @@ def play(node, env, out, expect=None, fault=None):
     env = dict(env)
     env["GPUFLEET_LAB_ROOT"] = str(node.root)
     env["PATH"] = "%s:%s" % (REPO / "lab" / "bin", env["PATH"])
-    env["PYTHONPATH"] = str(REPO / "lab" / "stubs")      # `import pynvml` -> the NVML stand-in
+    env["PYTHONPATH"] = str(REPO / "lab" / "stubs")  # `import pynvml` -> the NVML stand-in
     env.pop("GPUFLEET_LAB_GPU_FAULT", None)
     if fault:
         env["GPUFLEET_LAB_GPU_FAULT"] = fault
-    extra = {"nvidia_smi": str(NVSMI), "gpu_topology_out": str(out),
-             "ansible_python_interpreter": sys.executable, "gpu_topology_expect": expect or {}}
-    return subprocess.run(
-        ["ansible-playbook", "-i", "localhost,", "-c", "local", str(PLAYBOOK), "-e", json.dumps(extra)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    extra = {
+        "nvidia_smi": str(NVSMI),
+        "gpu_topology_out": str(out),
+        "ansible_python_interpreter": sys.executable,
+        "gpu_topology_expect": expect or {},
+    }
+    return run_playbook(PLAYBOOK, local=True, extra_vars=extra, env=env, timeout=300)
 
 
 @pytest.mark.parametrize("profile", ["l40s-4x-switch", "h100-sxm-8x"])

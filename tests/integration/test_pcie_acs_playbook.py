@@ -2,6 +2,7 @@
 """gpufleet.node.pcie_acs_info, pcie_acs and iommu_info run by `ansible-playbook -c local` against
 the lab's generated trees; writes go through the real `setpci`, results are checked with the real
 `lspci` and the hardware model."""
+
 from __future__ import annotations
 
 import hashlib
@@ -15,11 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from tests import support
+
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOKS = Path(__file__).resolve().parent / "playbooks"
 
-pytestmark = pytest.mark.skipif(not (shutil.which("setpci") and shutil.which("lspci")),
-                                reason="pciutils is not installed")
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("setpci") and shutil.which("lspci")), reason="pciutils is not installed"
+)
 
 SEED000_DSPS = ["0000:42:00.0", "0000:42:01.0", "0000:42:02.0", "0000:47:00.0", "0000:47:01.0"]
 
@@ -29,11 +33,13 @@ def run_playbook(ansible_env, tmp_path, playbook, node, **extra):
     extra_vars = dict(extra, lab_root=str(node.root), out_file=str(out_file))
     vars_file = tmp_path / "vars.json"
     vars_file.write_text(json.dumps(extra_vars))
-    proc = subprocess.run(
-        ["ansible-playbook", "-i", "localhost,", "-c", "local",
-         "-e", "ansible_python_interpreter=%s" % sys.executable,
-         "-e", "@%s" % vars_file, str(PLAYBOOKS / playbook)],
-        cwd=REPO, env=ansible_env, capture_output=True, text=True, timeout=300)
+    proc = support.run_playbook(
+        PLAYBOOKS / playbook,
+        local=True,
+        env=ansible_env,
+        timeout=300,
+        extra_vars=["ansible_python_interpreter=%s" % sys.executable, "@%s" % vars_file],
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out_file.read_text())
     data["stdout"] = proc.stdout + proc.stderr
@@ -52,8 +58,9 @@ def tree_digest(node):
 
 
 def lspci_ctl(node, bdf):
-    out = subprocess.run(["lspci", "-vvv", "-O", "sysfs.path=%s" % node.sysfs, "-s", bdf],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["lspci", "-vvv", "-O", "sysfs.path=%s" % node.sysfs, "-s", bdf], check=True, capture_output=True, text=True
+    ).stdout
     return [line.split("\t")[-1] for line in out.splitlines() if "ACSCtl:" in line][0]
 
 
@@ -77,7 +84,7 @@ def test_info_modules_on_seed000(ansible_env, tmp_path, lab_node):
     assert acs["summary"]["blocked_gpu_pairs"] == 6
     assert [p["bdf"] for p in acs["ports"] if p["redirect"]] == SEED000_DSPS
     port = [p for p in acs["ports"] if p["bdf"] == "0000:42:00.0"][0]
-    assert port["acs_cap"] == 0x5f and port["acs_ctl"] == 0x1d
+    assert port["acs_cap"] == 0x5F and port["acs_ctl"] == 0x1D
     assert port["acs_ctl_flags"]["ReqRedir"] is True and port["acs_ctl_flags"]["EgressCtrl"] is False
     assert port["port_type"] == "downstream_port" and port["vendor_id"] == "0x1000"
     assert [g["bdf"] for g in acs["gpus"]] == sorted(g.bdf for g in node.gpus)
@@ -98,8 +105,7 @@ def test_info_fails_clearly_on_truncated_config(ansible_env, tmp_path, lab_node)
 
 def test_info_fails_clearly_on_missing_tree(ansible_env, tmp_path, lab_node):
     node = lab_node("epyc-rootport-acs")
-    data = run_playbook(ansible_env, tmp_path, "acs_info.yml", node,
-                        acs_sysfs_path=str(tmp_path / "no-such-tree"))
+    data = run_playbook(ansible_env, tmp_path, "acs_info.yml", node, acs_sysfs_path=str(tmp_path / "no-such-tree"))
     assert data["failed"]
     assert "no PCI devices directory at %s/devices" % (tmp_path / "no-such-tree") in data["result"]["msg"]
 
@@ -124,16 +130,23 @@ def test_check_then_fix_then_idempotent(ansible_env, tmp_path, lab_node):
     assert result["changed_ports"] == SEED000_DSPS and result["failed_port"] is None
     assert result["unchanged_ports"] == ["0000:40:01.1", "0000:40:03.1"]
     assert result["kernel_param"] == "pci=disable_acs_redir=" + ";".join(
-        ["0000:40:01.1", "0000:40:03.1"] + SEED000_DSPS)
-    assert {p["bdf"]: (p["acs_ctl_before"], p["acs_ctl_after"]) for p in result["ports"] if p["changed"]} == \
-        dict((bdf, (0x1d, 0x11)) for bdf in SEED000_DSPS)
-    assert result["persist"][2] == {"bdf": "0000:42:00.0", "value": "0000", "mask": "002c",
-                                    "setpci_arg": "ECAP_ACS+0x6.w=0000:002c"}
+        ["0000:40:01.1", "0000:40:03.1"] + SEED000_DSPS
+    )
+    assert {
+        p["bdf"]: (p["acs_ctl_before"], p["acs_ctl_after"]) for p in result["ports"] if p["changed"]
+    } == dict.fromkeys(SEED000_DSPS, (29, 17))
+    assert result["persist"][2] == {
+        "bdf": "0000:42:00.0",
+        "value": "0000",
+        "mask": "002c",
+        "setpci_arg": "ECAP_ACS+0x6.w=0000:002c",
+    }
     assert "+0000:42:00.0 ACSCtl 0x0011: SrcValid+ TransBlk- ReqRedir- CmpltRedir- UpstreamFwd+" in done["stdout"]
     # The real lspci reads the new registers; only the redirect bits moved.
     for bdf in SEED000_DSPS:
-        assert lspci_ctl(node, bdf) == ("SrcValid+ TransBlk- ReqRedir- CmpltRedir- UpstreamFwd+ "
-                                        "EgressCtrl- DirectTrans-")
+        assert lspci_ctl(node, bdf) == (
+            "SrcValid+ TransBlk- ReqRedir- CmpltRedir- UpstreamFwd+ EgressCtrl- DirectTrans-"
+        )
     assert not any(node.redirected(i, j) for i in range(4) for j in range(i + 1, 4))
     assert node.p2p_status(0, 1, "read") == "OK"
 
@@ -149,12 +162,18 @@ def test_set_bits_back_on_every_bridge(ansible_env, tmp_path, lab_node):
     node = lab_node("epyc-rootport-acs")
     fix(ansible_env, tmp_path, node)
     assert not node.redirected(0, 1)
-    result = fix(ansible_env, tmp_path, node, acs_scope="all_bridges", acs_state="set",
-                 acs_bits=["ReqRedir", "CmpltRedir", "EgressCtrl"])["result"]
+    result = fix(
+        ansible_env,
+        tmp_path,
+        node,
+        acs_scope="all_bridges",
+        acs_state="set",
+        acs_bits=["ReqRedir", "CmpltRedir", "EgressCtrl"],
+    )["result"]
     # EgressCtrl is not in the AMD root ports' capability, so only the two redirect bits return.
     assert result["changed_ports"] == ["0000:00:01.1", "0000:00:01.2"]
     assert result["kernel_param"] == ""
-    assert [p["acs_ctl_after"] for p in result["ports"]] == [0x1d, 0x1d]
+    assert [p["acs_ctl_after"] for p in result["ports"]] == [0x1D, 0x1D]
     assert node.redirected(0, 1)
 
 
@@ -179,8 +198,9 @@ def test_vfio_interlock(ansible_env, tmp_path, lab_node):
     assert tree_digest(node) == before
 
     # The switch that routes no passed-through device can be opened up.
-    allowed = fix(ansible_env, tmp_path, node, acs_scope="devices",
-                  acs_devices=["0000:42:00.0", "0000:42:01.0", "0000:42:02.0"])["result"]
+    allowed = fix(
+        ansible_env, tmp_path, node, acs_scope="devices", acs_devices=["0000:42:00.0", "0000:42:01.0", "0000:42:02.0"]
+    )["result"]
     assert allowed["changed_ports"] == ["0000:42:00.0", "0000:42:01.0", "0000:42:02.0"]
     assert not node.redirected(0, 1) and node.redirected(2, 3)
 
@@ -191,11 +211,14 @@ def test_vfio_interlock(ansible_env, tmp_path, lab_node):
 
 
 # -- error paths ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("devices,needle", [
-    (["0000:4g:00.0"], "malformed PCI address '0000:4g:00.0'"),
-    (["0000:99:00.0"], "PCI device 0000:99:00.0 is not present under"),
-    (["0000:43:00.0"], "PCI device 0000:43:00.0 has no ACS extended capability"),
-])
+@pytest.mark.parametrize(
+    "devices,needle",
+    [
+        (["0000:4g:00.0"], "malformed PCI address '0000:4g:00.0'"),
+        (["0000:99:00.0"], "PCI device 0000:99:00.0 is not present under"),
+        (["0000:43:00.0"], "PCI device 0000:43:00.0 has no ACS extended capability"),
+    ],
+)
 def test_bad_devices(ansible_env, tmp_path, lab_node, devices, needle):
     node = lab_node("l40s-4x-switch")
     data = fix(ansible_env, tmp_path, node, acs_scope="devices", acs_devices=devices)
@@ -231,8 +254,9 @@ def test_read_back_mismatch_stops_and_reports(ansible_env, tmp_path, lab_node):
     """A port that ignores the write (the stand-in passes every other write to the real setpci)."""
     node = lab_node("l40s-4x-switch")
     broken = SEED000_DSPS[2]
-    env = setpci_stand_in(tmp_path, 'for a in "$@"; do [ "$a" = "%s" ] && exit 0; done\nexec %s "$@"\n'
-                          % (broken, shutil.which("setpci")))
+    env = setpci_stand_in(
+        tmp_path, 'for a in "$@"; do [ "$a" = "%s" ] && exit 0; done\nexec %s "$@"\n' % (broken, shutil.which("setpci"))
+    )
     data = fix(ansible_env, tmp_path, node, acs_environment=env)
     result = data["result"]
     assert data["failed"]
@@ -268,3 +292,57 @@ def test_real_setpci_failure_stops_and_reports(ansible_env, tmp_path, lab_node):
     assert result["failed_port"] == SEED000_DSPS[1]
     assert result["changed_ports"] == SEED000_DSPS[:1]
     assert result["not_attempted_ports"] == SEED000_DSPS[2:]
+
+
+# -- the plan, unknown ports, deadlines ----------------------------------------------------------
+def test_check_mode_shows_the_plan(ansible_env, tmp_path, lab_node):
+    node = lab_node("l40s-4x-switch")
+    before = tree_digest(node)
+    result = fix(ansible_env, tmp_path, node, acs_check=True)["result"]
+    assert [p["bdf"] for p in result["plan"]] == ["0000:40:01.1", "0000:40:03.1"] + SEED000_DSPS
+    dsp = [p for p in result["plan"] if p["bdf"] == SEED000_DSPS[0]][0]
+    assert (dsp["current"], dsp["target"], dsp["mask"]) == (0x1D, 0x11, 0x2C)
+    assert dsp["setpci_arg"] == "ECAP_ACS+0x6.w=0000:002c" and dsp["write"] is True
+    assert dsp["why"] == "crossed by GPU-GPU or GPU-RDMA-NIC peer traffic; clear ReqRedir CmpltRedir"
+    assert result["changed_ports"] == [p["bdf"] for p in result["plan"] if p["write"]]
+    assert tree_digest(node) == before
+
+
+@pytest.mark.parametrize("size", [256, 128])
+def test_short_config_space_is_unknown_not_clear(ansible_env, tmp_path, lab_node, size):
+    """A downstream port on the GPU path whose extended config space was not read: the audit says
+    unknown (never clear) and pcie_acs refuses to write anything, naming the port and the cause."""
+    node = lab_node("l40s-4x-switch")
+    short = SEED000_DSPS[3]
+    with open(node.sysfs / "devices" / short / "config", "r+b") as handle:
+        handle.truncate(size)
+    info = run_playbook(ansible_env, tmp_path, "acs_info.yml", node)
+    assert not info["failed"]
+    acs = info["acs"]
+    assert acs["summary"]["peer_to_peer_clear"] is False and acs["summary"]["acs_unknown_path_ports"] == 1
+    assert [p["bdf"] for p in acs["acs_unknown_ports"]] == [short]
+    assert any(short in w and "unknown, not absent" in w for w in acs["warnings_found"])
+    before = tree_digest(node)
+    for check in (True, False):
+        data = fix(ansible_env, tmp_path, node, acs_check=check)
+        assert data["failed"]
+        msg = data["result"]["msg"]
+        assert "ACS state of %s is unknown" % short in msg and "%d bytes" % size in msg
+        assert "run as root" in msg and "lspci -xxxx" in msg and "Nothing was written" in msg
+        assert data["result"]["failed_port"] == short and data["result"]["changed_ports"] == []
+        assert tree_digest(node) == before
+
+
+def test_setpci_hang_times_out(ansible_env, tmp_path, lab_node):
+    node = lab_node("l40s-4x-switch")
+    before = tree_digest(node)
+    env = setpci_stand_in(tmp_path, "sleep 300\n")
+    data = fix(ansible_env, tmp_path, node, acs_environment=env, acs_timeout=1)
+    result = data["result"]
+    assert data["failed"]
+    assert "did not finish within 1 s; its process group was killed" in result["msg"]
+    assert "setpci -O sysfs.path=" in result["msg"] and "Changed so far: none" in result["msg"]
+    # The root ports already hold the target: the first write is the first downstream port.
+    assert result["failed_port"] == SEED000_DSPS[0] and result["changed_ports"] == []
+    assert result["not_attempted_ports"] == SEED000_DSPS[1:]
+    assert tree_digest(node) == before

@@ -2,11 +2,10 @@
 """The gpu_runtime_env role through ansible-playbook (-c local) on lab machines: facts from the
 lab's nvidia-smi and pcie_acs_info decide the NCCL variables; the env file parses; the drop-ins
 make a unit read it (systemd-analyze verify); user values win; idempotent."""
+
 from __future__ import annotations
 
-import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _vllm
+from tests.support import parse_env_file, run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "tests" / "integration" / "playbooks" / "runtime_env_role.yml"
@@ -30,17 +29,15 @@ def play(node, ansible_env, tmp_path, *args, **extra_vars):
         "gpu_runtime_env_systemd_reload": False,
     }
     extra.update(extra_vars)
-    return subprocess.run(
-        ["ansible-playbook", "-i", "localhost,", "-c", "local", str(PLAYBOOK), "-e", json.dumps(extra), *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return run_playbook(PLAYBOOK, *args, local=True, extra_vars=extra, env=env, timeout=300)
 
 
 def changed(proc):
-    return int(re.search(r"changed=(\d+)", proc.stdout).group(1))
+    return proc.host("localhost")["changed"]
 
 
 def env_file(tmp_path):
-    return _vllm.parse_env_file((tmp_path / "etc/gpufleet/gpu-runtime.env").read_text())
+    return parse_env_file((tmp_path / "etc/gpufleet/gpu-runtime.env").read_text())
 
 
 def test_seed000_node_with_its_connectx(lab_node, ansible_env, tmp_path):
@@ -62,18 +59,32 @@ def test_seed000_node_with_its_connectx(lab_node, ansible_env, tmp_path):
 
 def test_nvlink_node_without_nic_facts_and_user_values(lab_node, ansible_env, tmp_path):
     node = lab_node("h100-sxm-8x")
-    proc = play(node, ansible_env, tmp_path, runtime_env_use_nics=False, gpu_runtime_env_rdma="false",
-                gpu_runtime_env_nccl_debug="warn",
-                gpu_runtime_env_extra={"NCCL_SOCKET_IFNAME": "eth0", "PYTORCH_CUDA_ALLOC_CONF": None})
+    proc = play(
+        node,
+        ansible_env,
+        tmp_path,
+        runtime_env_use_nics=False,
+        gpu_runtime_env_rdma="false",
+        gpu_runtime_env_nccl_debug="warn",
+        gpu_runtime_env_extra={"NCCL_SOCKET_IFNAME": "eth0", "PYTORCH_CUDA_ALLOC_CONF": None},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert env_file(tmp_path) == {"NCCL_P2P_LEVEL": "NVL", "NCCL_IB_DISABLE": "1", "NCCL_DEBUG": "WARN",
-                                  "NCCL_SOCKET_IFNAME": "eth0"}
+    assert env_file(tmp_path) == {
+        "NCCL_P2P_LEVEL": "NVL",
+        "NCCL_IB_DISABLE": "1",
+        "NCCL_DEBUG": "WARN",
+        "NCCL_SOCKET_IFNAME": "eth0",
+    }
 
 
 def test_user_allocator_options_are_kept_with_a_warning(lab_node, ansible_env, tmp_path):
     node = lab_node("l40s-4x-switch")
-    proc = play(node, ansible_env, tmp_path,
-                gpu_runtime_env_extra={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:512"})
+    proc = play(
+        node,
+        ansible_env,
+        tmp_path,
+        gpu_runtime_env_extra={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:512"},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert env_file(tmp_path)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True,max_split_size_mb:512"
     assert "max_split_size_mb:512 do not survive vLLM" in " ".join(proc.stdout.split())
@@ -90,11 +101,15 @@ def test_a_unit_reads_the_env_file_through_the_dropin(lab_node, ansible_env, tmp
     binary.chmod(0o755)
     (units / "vllm.service").write_text("[Service]\nExecStart=%s\n" % binary)
     env = dict(os.environ, SYSTEMD_UNIT_PATH="%s:" % units)
-    res = subprocess.run(["systemd-analyze", "verify", str(units / "vllm.service")], capture_output=True,
-                         text=True, env=env)
+    res = subprocess.run(
+        ["systemd-analyze", "verify", str(units / "vllm.service")], capture_output=True, text=True, env=env
+    )
     assert res.returncode == 0 and res.stdout + res.stderr == "", res.stdout + res.stderr
     dropin = (units / "vllm.service.d" / "10-gpu-runtime-env.conf").read_text()
-    assert dropin.splitlines()[-2:] == ["[Service]", "EnvironmentFile=-%s" % (tmp_path / "etc/gpufleet/gpu-runtime.env")]
+    assert dropin.splitlines()[-2:] == [
+        "[Service]",
+        "EnvironmentFile=-%s" % (tmp_path / "etc/gpufleet/gpu-runtime.env"),
+    ]
 
 
 def test_a_value_no_env_file_can_carry_fails_the_host(lab_node, ansible_env, tmp_path):

@@ -1,24 +1,28 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """IOMMU mode, groups, vfio-pci and recommendation (_iommu) on the lab's generated machines."""
+
 from __future__ import annotations
 
 import shutil
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _iommu
+from ansible_collections.gpufleet.node.plugins.module_utils import _iommu, _pci
 
 
 def audit(node):
     return _iommu.audit(str(node.root / "sys"), str(node.root / "proc"))
 
 
-@pytest.mark.parametrize("cmdline,expected", [
-    ("BOOT_IMAGE=/vmlinuz ro amd_iommu=on iommu=pt quiet", {"amd_iommu": "on", "iommu": "pt"}),
-    ("intel_iommu=on,sm_on iommu.strict=1", {"intel_iommu": "on,sm_on", "iommu.strict": "1"}),
-    ("iommu.passthrough=1", {"iommu.passthrough": "1"}),
-    ("root=/dev/sda1 quiet", {}),
-])
+@pytest.mark.parametrize(
+    "cmdline,expected",
+    [
+        ("BOOT_IMAGE=/vmlinuz ro amd_iommu=on iommu=pt quiet", {"amd_iommu": "on", "iommu": "pt"}),
+        ("intel_iommu=on,sm_on iommu.strict=1", {"intel_iommu": "on,sm_on", "iommu.strict": "1"}),
+        ("iommu.passthrough=1", {"iommu.passthrough": "1"}),
+        ("root=/dev/sda1 quiet", {}),
+    ],
+)
 def test_parse_cmdline(cmdline, expected):
     params = _iommu.parse_cmdline(cmdline)
     assert params.pop("disable_acs_redir") == []
@@ -27,20 +31,24 @@ def test_parse_cmdline(cmdline, expected):
 
 def test_parse_disable_acs_redir():
     params = _iommu.parse_cmdline(
-        "ro pci=noaer,disable_acs_redir=0000:42:00.0;0000:42:01.0;pci:10b5:8796,realloc quiet")
+        "ro pci=noaer,disable_acs_redir=0000:42:00.0;0000:42:01.0;pci:10b5:8796,realloc quiet"
+    )
     assert params["disable_acs_redir"] == ["0000:42:00.0", "0000:42:01.0", "pci:10b5:8796"]
 
 
-@pytest.mark.parametrize("params,mode", [
-    ({"intel_iommu": "off"}, "off"),
-    ({"amd_iommu": "off"}, "off"),
-    ({"iommu": "pt"}, "passthrough"),
-    ({"iommu.passthrough": "1"}, "passthrough"),
-    ({"iommu.strict": "1"}, "translated-strict"),
-    ({"intel_iommu": "on,strict"}, "translated-strict"),
-    ({"iommu.strict": "0"}, "translated-lazy"),
-    ({}, None),
-])
+@pytest.mark.parametrize(
+    "params,mode",
+    [
+        ({"intel_iommu": "off"}, "off"),
+        ({"amd_iommu": "off"}, "off"),
+        ({"iommu": "pt"}, "passthrough"),
+        ({"iommu.passthrough": "1"}, "passthrough"),
+        ({"iommu.strict": "1"}, "translated-strict"),
+        ({"intel_iommu": "on,strict"}, "translated-strict"),
+        ({"iommu.strict": "0"}, "translated-lazy"),
+        ({}, None),
+    ],
+)
 def test_cmdline_mode(params, mode):
     assert _iommu._cmdline_mode(params)[0] == mode
 
@@ -61,8 +69,10 @@ def test_translated_multi_gpu_host_gets_iommu_pt(lab_node):
     result = audit(lab_node("epyc-rootport-acs"))
     assert result["mode"] == "translated-lazy"
     assert result["recommendation"] == {
-        "action": "set_kernel_param", "kernel_param": "iommu=pt",
-        "reason": result["recommendation"]["reason"]}
+        "action": "set_kernel_param",
+        "kernel_param": "iommu=pt",
+        "reason": result["recommendation"]["reason"],
+    }
     assert "bare-metal host with 2 GPUs" in result["recommendation"]["reason"]
 
 
@@ -115,3 +125,20 @@ def test_virtual_machine_gets_no_recommendation(lab_node):
     assert result["recommendation"]["action"] == "none"
     (node.root / "proc" / "cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu vme de avx2\n")
     assert audit(node)["virtual_machine"] is False
+
+
+@pytest.mark.parametrize("missing", ["sysfs_root", "proc_path", "sysfs_path"])
+def test_missing_sysfs_tree_is_an_error(lab_node, tmp_path, missing):
+    """A tree that is not there is an error, never "IOMMU off, no GPUs"."""
+    node = lab_node("l40s-4x-switch")
+    args = {"sysfs_root": str(node.root / "sys"), "proc_path": str(node.root / "proc"), "sysfs_path": str(node.sysfs)}
+    args[missing] = str(tmp_path / "nope")
+    with pytest.raises((_iommu.IommuError, _pci.PciTreeMissing), match=str(tmp_path / "nope")):
+        _iommu.audit(**args)
+
+
+def test_proc_without_cmdline_is_an_error(lab_node, tmp_path):
+    node = lab_node("l40s-4x-switch")
+    (tmp_path / "proc").mkdir()
+    with pytest.raises(_iommu.IommuError, match="cmdline"):
+        _iommu.audit(str(node.root / "sys"), str(tmp_path / "proc"))

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The auto threshold model of the NCCL gate (plugins/module_utils/_nccl.py), on every lab profile."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,11 +18,23 @@ def topology_facts(node):
     gpus = []
     for cuda, i in enumerate(model_idx):
         g = node.gpus[i]
-        gpus.append({"index": cuda, "uuid": g.uuid, "name": g.name, "pci_bus_id": g.bdf,
-                     "memory_total_mib": g.memory_total_mib, "nvlinks": g.nvlinks,
-                     "upstream_port": node.chain(g.bdf)[0],
-                     "pcie": {"gen_current": g.gen_current, "gen_max": g.gen_max,
-                              "width_current": g.width_current, "width_max": g.width_max}})
+        gpus.append(
+            {
+                "index": cuda,
+                "uuid": g.uuid,
+                "name": g.name,
+                "pci_bus_id": g.bdf,
+                "memory_total_mib": g.memory_total_mib,
+                "nvlinks": g.nvlinks,
+                "upstream_port": node.chain(g.bdf)[0],
+                "pcie": {
+                    "gen_current": g.gen_current,
+                    "gen_max": g.gen_max,
+                    "width_current": g.width_current,
+                    "width_max": g.width_max,
+                },
+            }
+        )
     links, p2p, redirecting = {}, {"read": {}}, {}
     for a, i in enumerate(model_idx):
         others = [(b, j) for b, j in enumerate(model_idx)]
@@ -33,11 +46,11 @@ def topology_facts(node):
 
 # What a healthy node of each design reaches, and why (the weakest hop of the best ring).
 EXPECTED = {
-    "l40s-4x-switch": (24.58, "PHB", 4),       # Gen4 x16 31.51 x 0.78; the ring leaves each switch
-    "l40s-x8-degraded": (24.58, "PHB", 4),     # the same design: x8 must fail, not lower the bar
-    "vfio-passthrough": (24.58, "PHB", 3),     # GPU 3 on vfio-pci is invisible to CUDA/NVML
-    "epyc-rootport-acs": (24.58, "PHB", 2),    # two root ports of one host bridge
-    "h100-sxm-8x": (360.0, "NV18", 8),         # 18 links x 25 GB/s x 0.8
+    "l40s-4x-switch": (24.58, "PHB", 4),  # Gen4 x16 31.51 x 0.78; the ring leaves each switch
+    "l40s-x8-degraded": (24.58, "PHB", 4),  # the same design: x8 must fail, not lower the bar
+    "vfio-passthrough": (24.58, "PHB", 3),  # GPU 3 on vfio-pci is invisible to CUDA/NVML
+    "epyc-rootport-acs": (24.58, "PHB", 2),  # two root ports of one host bridge
+    "h100-sxm-8x": (360.0, "NV18", 8),  # 18 links x 25 GB/s x 0.8
 }
 
 
@@ -62,7 +75,7 @@ def test_l40s_threshold_is_seed_000s_22_gbps(lab_node):
     assert round(model["expected_gbps"] * 0.9, 1) == 22.1
     # The best ring keeps each switch's pair adjacent: two PIX hops, two PHB hops.
     ring = model["ring"]
-    assert {frozenset(ring[k:k + 2]) for k in range(0, 4, 2)} == {frozenset({0, 1}), frozenset({2, 3})}
+    assert {frozenset(ring[k : k + 2]) for k in range(0, 4, 2)} == {frozenset({0, 1}), frozenset({2, 3})}
     assert model["basis"] == "PHB: PCIe Gen4 x16 31.51 GB/s x 0.78"
 
 
@@ -87,25 +100,27 @@ def test_gpu_subset_and_visible_devices(lab_node):
         _nccl.expected_busbw(facts, visible=[0, 7])
 
 
-@pytest.mark.parametrize("gen,width,gbps", [(3, 16, 15.75), (4, 16, 31.51), (5, 16, 63.02), (4, 8, 15.75),
-                                            (2, 16, 8.0), (6, 16, 121.0)])
-def test_pcie_raw_rates(gen, width, gbps):
-    assert _nccl.pcie_raw_gbps(gen, width) == pytest.approx(gbps, abs=0.01)
-
-
 def _synthetic(links, names=("NVIDIA A100-SXM4-80GB",) * 2, gen=4):
     n = len(names)
-    gpus = [{"index": i, "name": names[i], "pcie": {"gen_max": gen, "width_max": 16, "gen_current": gen,
-                                                    "width_current": 16}} for i in range(n)]
+    gpus = [
+        {
+            "index": i,
+            "name": names[i],
+            "pcie": {"gen_max": gen, "width_max": 16, "gen_current": gen, "width_current": 16},
+        }
+        for i in range(n)
+    ]
     return {"gpus": gpus, "links": links}
 
 
 def test_worst_link_of_the_best_ring_mixed_nvlink_bridges():
     # A40-style: NVLink bridges between pairs (NV4), PCIe SYS across sockets for the rest.
-    links = {"GPU0": {"GPU1": "NV4", "GPU2": "SYS", "GPU3": "SYS"},
-             "GPU1": {"GPU0": "NV4", "GPU2": "SYS", "GPU3": "SYS"},
-             "GPU2": {"GPU0": "SYS", "GPU1": "SYS", "GPU3": "NV4"},
-             "GPU3": {"GPU0": "SYS", "GPU1": "SYS", "GPU2": "NV4"}}
+    links = {
+        "GPU0": {"GPU1": "NV4", "GPU2": "SYS", "GPU3": "SYS"},
+        "GPU1": {"GPU0": "NV4", "GPU2": "SYS", "GPU3": "SYS"},
+        "GPU2": {"GPU0": "SYS", "GPU1": "SYS", "GPU3": "NV4"},
+        "GPU3": {"GPU0": "SYS", "GPU1": "SYS", "GPU2": "NV4"},
+    }
     model = _nccl.expected_busbw(_synthetic(links, names=("NVIDIA A40",) * 4))
     assert model["worst_link"] == "SYS"
     assert model["expected_gbps"] == pytest.approx(31.51 * 0.5, abs=0.01)
@@ -131,22 +146,24 @@ def test_model_errors_name_what_is_missing():
 
 def test_diagnose_names_a_link_trained_down(lab_node):
     causes = _nccl.diagnose(topology_facts(lab_node("l40s-x8-degraded")))
-    assert causes[0].startswith("GPU2 (0000:48:00.0) trained to x8 of x16 below port 0000:47:00.0: "
-                                "a link trained down")
+    assert causes[0].startswith("GPU2 (0000:48:00.0) trained to x8 of x16 below port 0000:47:00.0: a link trained down")
 
 
 def test_diagnose_names_acs_from_p2p_status(lab_node):
     causes = _nccl.diagnose(topology_facts(lab_node("l40s-4x-switch")))
     assert len(causes) == 1
-    assert causes[0].startswith("the topology facts showed peer-to-peer reads not OK between GPU0-GPU1 CNS, GPU0-GPU2 CNS")
-    assert "(redirecting bridges: 0000:42:00.0, 0000:42:01.0, 0000:47:00.0, 0000:47:01.0): ACS redirect " \
+    assert causes[0].startswith(
+        "the topology facts showed peer-to-peer reads not OK between GPU0-GPU1 CNS, GPU0-GPU2 CNS"
+    )
+    assert (
+        "(redirecting bridges: 0000:42:00.0, 0000:42:01.0, 0000:47:00.0, 0000:47:01.0): ACS redirect "
         "on a bridge between the GPUs, unless it was cleared since" in causes[0]
+    )
     # NVLink pairs are not blamed for what their PCIe path does.
     assert _nccl.diagnose(topology_facts(lab_node("h100-sxm-8x"))) == []
 
 
 def test_diagnose_environment_and_fallback():
-    assert _nccl.diagnose({}, {"NCCL_P2P_DISABLE": "1"}) == [
-        "NCCL_P2P_DISABLE is set: NCCL copies through host memory"]
+    assert _nccl.diagnose({}, {"NCCL_P2P_DISABLE": "1"}) == ["NCCL_P2P_DISABLE is set: NCCL copies through host memory"]
     half = _nccl.diagnose({}, {}, measured=11.6, expected=24.58)
     assert half[0].startswith("about half the expected bandwidth: typical of ACS P2P redirect")

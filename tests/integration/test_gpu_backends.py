@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Both backends on every lab profile: the NVML stand-in and the nvidia-smi stand-in answer from
 the same model and registers, so the facts must be identical; expectations and failures."""
+
 from __future__ import annotations
 
 import copy
@@ -80,12 +81,16 @@ def test_both_backends_identical_on_every_profile(machine, any_profile, nvml):
     assert a == b
     visible = [g for g in node.gpus if g.driver == "nvidia"]
     assert a["gpu_count"] == len(visible) and not a["no_gpus"]
-    for fact, gpu in zip(a["gpus"], visible):
+    for fact, gpu in zip(a["gpus"], visible, strict=False):
         assert fact["pci_bus_id"] == gpu.bdf
         assert fact["uuid"] == gpu.uuid and fact["name"] == gpu.name
         assert fact["memory_total_mib"] == gpu.memory_total_mib
-        assert fact["pcie"] == {"gen_current": gpu.gen_current, "gen_max": gpu.gen_max,
-                                "width_current": gpu.width_current, "width_max": gpu.width_max}
+        assert fact["pcie"] == {
+            "gen_current": gpu.gen_current,
+            "gen_max": gpu.gen_max,
+            "width_current": gpu.width_current,
+            "width_max": gpu.width_max,
+        }
         assert fact["numa_node"] == gpu.numa_node and fact["cpu_affinity"] == gpu.cpu_affinity
         assert fact["nvlinks"] == gpu.nvlinks and fact["gpu_numa_id"] is None
         assert fact["upstream_port"] == gpu.parent
@@ -96,8 +101,9 @@ def test_both_backends_identical_on_every_profile(machine, any_profile, nvml):
                 assert a["p2p"][mode]["GPU%d" % i]["GPU%d" % j] == node.p2p_status(gi.index, gj.index, mode)
             if i != j:
                 assert a["bridges"]["GPU%d" % i]["GPU%d" % j] == node.path_bridges(gi.index, gj.index)
-                assert a["pci_tree"]["redirecting"]["GPU%d" % i]["GPU%d" % j] == \
-                    node.redirecting_bridges(gi.index, gj.index)
+                assert a["pci_tree"]["redirecting"]["GPU%d" % i]["GPU%d" % j] == node.redirecting_bridges(
+                    gi.index, gj.index
+                )
     assert a["driver_version"] == smi.DEFAULT_DRIVER
     assert a["pci_tree"]["checked"] and a["pci_tree"]["config_readable"] and a["pci_tree"]["missing"] == []
 
@@ -109,11 +115,24 @@ def test_seed000_facts(machine, nvml):
     assert a["p2p"]["read"]["GPU0"] == {"GPU0": "X", "GPU1": "CNS", "GPU2": "CNS", "GPU3": "CNS"}
     assert a["bridges"]["GPU0"]["GPU1"] == ["0000:42:00.0", "0000:42:01.0"]
     assert a["summary"] == {
-        "gpu_count": 4, "pairs": 6, "p2p_all_pairs": False,
-        "p2p_pairs_not_ok": [["GPU0", "GPU1"], ["GPU0", "GPU2"], ["GPU0", "GPU3"], ["GPU1", "GPU2"],
-                             ["GPU1", "GPU3"], ["GPU2", "GPU3"]],
-        "worst_link": "PHB", "best_link": "PIX", "nvlink": False, "nvlink_all_pairs": False,
-        "numa_nodes": [0], "pcie_downtrained": []}
+        "gpu_count": 4,
+        "pairs": 6,
+        "p2p_all_pairs": False,
+        "p2p_pairs_not_ok": [
+            ["GPU0", "GPU1"],
+            ["GPU0", "GPU2"],
+            ["GPU0", "GPU3"],
+            ["GPU1", "GPU2"],
+            ["GPU1", "GPU3"],
+            ["GPU2", "GPU3"],
+        ],
+        "worst_link": "PHB",
+        "best_link": "PIX",
+        "nvlink": False,
+        "nvlink_all_pairs": False,
+        "numa_nodes": [0],
+        "pcie_downtrained": [],
+    }
     first = a["violations"][0]
     assert first["check"] == "p2p" and first["gpus"] == ["GPU0", "GPU1"]
     assert first["bridges"] == ["0000:42:00.0", "0000:42:01.0"]
@@ -123,8 +142,7 @@ def test_seed000_facts(machine, nvml):
 
 
 def setpci(node, bdf, reg):
-    subprocess.run(["setpci", "-O", "sysfs.path=%s" % node.sysfs, "-s", bdf, reg], check=True,
-                   capture_output=True)
+    subprocess.run(["setpci", "-O", "sysfs.path=%s" % node.sysfs, "-s", bdf, reg], check=True, capture_output=True)
 
 
 @pytest.mark.skipif(not shutil.which("setpci"), reason="pciutils is not installed")
@@ -150,18 +168,23 @@ def test_degraded_gpu_names_the_gpu_and_its_port(machine, nvml):
     a, b = facts_both(node, nvml, {"min_pcie_width": 16, "min_pcie_gen": 4})
     assert a == b
     assert a["summary"]["pcie_downtrained"] == ["GPU2"]
-    assert a["violations"] == [{
-        "check": "pcie_width", "gpus": ["GPU2"], "bridges": ["0000:47:00.0"],
-        "message": "GPU2 (0000:48:00.0, NVIDIA L40S) PCIe link trained to x8 below port 0000:47:00.0, "
-                   "expected at least x16 (the GPU can do x16): reseat the card, check the slot, riser "
-                   "and BIOS lane settings"}]
+    assert a["violations"] == [
+        {
+            "check": "pcie_width",
+            "gpus": ["GPU2"],
+            "bridges": ["0000:47:00.0"],
+            "message": "GPU2 (0000:48:00.0, NVIDIA L40S) PCIe link trained to x8 below port 0000:47:00.0, "
+            "expected at least x16 (the GPU can do x16): reseat the card, check the slot, riser "
+            "and BIOS lane settings",
+        }
+    ]
 
 
 def test_gen_is_judged_on_the_maximum_not_the_idle_current(machine, nvml):
     node = machine("l40s-4x-switch")
     gpu = node.gpus[1]
     data = bytearray(gpu.config_path.read_bytes())
-    data[0x60 + 0x12] = (data[0x60 + 0x12] & 0xF0) | 1      # idle: Gen1 now, Gen4 possible
+    data[0x60 + 0x12] = (data[0x60 + 0x12] & 0xF0) | 1  # idle: Gen1 now, Gen4 possible
     gpu.config_path.write_bytes(bytes(data))
     a, b = facts_both(node, nvml, {"min_pcie_gen": 4})
     assert a == b and a["gpus"][1]["pcie"]["gen_current"] == 1 and a["violations"] == []
@@ -186,7 +209,8 @@ def test_nvlink_required_on_a_pcie_node(machine, nvml):
     assert [v["message"] for v in a["violations"]] == [
         "GPU0 (0000:01:00.0, NVIDIA A100 80GB PCIe) has no active NVLink",
         "GPU1 (0000:02:00.0, NVIDIA A100 80GB PCIe) has no active NVLink",
-        "no NVLink between GPU0 and GPU1 (they talk over PHB)"]
+        "no NVLink between GPU0 and GPU1 (they talk over PHB)",
+    ]
 
 
 def test_vfio_gpu_is_invisible_and_reported_from_the_tree(machine, nvml):
@@ -196,7 +220,8 @@ def test_vfio_gpu_is_invisible_and_reported_from_the_tree(machine, nvml):
     assert a["pci_tree"]["other_gpus"] == [{"pci_bus_id": "0000:49:00.0", "driver": "vfio-pci"}]
     assert a["violations"][0]["message"] == (
         "3 GPU(s) visible to the NVIDIA driver, expected 4; NVIDIA GPUs in the PCI tree the driver does "
-        "not manage: 0000:49:00.0 (driver vfio-pci)")
+        "not manage: 0000:49:00.0 (driver vfio-pci)"
+    )
 
 
 def test_p2p_message_without_redirecting_bridge(machine, nvml):
@@ -214,22 +239,29 @@ def test_nvidia_smi_argv_through_the_real_wrapper(machine):
     recorder = Recorder(NVSMI)
     record = _gpu.collect_nvidia_smi(recorder, NVSMI)
     assert recorder.calls == [
-        [NVSMI, "--query-gpu=index,uuid,name,pci.bus_id,memory.total,pcie.link.gen.current,"
-                "pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,driver_version",
-         "--format=csv,noheader,nounits"],
+        [
+            NVSMI,
+            "--query-gpu=index,uuid,name,pci.bus_id,memory.total,pcie.link.gen.current,"
+            "pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,driver_version",
+            "--format=csv,noheader,nounits",
+        ],
         [NVSMI, "topo", "-m"],
         [NVSMI, "topo", "-p2p", "r"],
         [NVSMI, "topo", "-p2p", "w"],
         [NVSMI, "topo", "-p2p", "n"],
-        [NVSMI, "nvlink", "-s"]]
+        [NVSMI, "nvlink", "-s"],
+    ]
     assert len(record["gpus"]) == 4
 
 
-@pytest.mark.parametrize("fault,cause,text", [
-    ("driver-not-loaded", "driver_not_loaded", "NVIDIA kernel driver is not loaded"),
-    ("library-mismatch", "driver_library_mismatch", "Driver/library version mismatch"),
-    ("lost:2", "gpu_lost", "(GPU 0000:48:00.0)"),
-])
+@pytest.mark.parametrize(
+    "fault,cause,text",
+    [
+        ("driver-not-loaded", "driver_not_loaded", "NVIDIA kernel driver is not loaded"),
+        ("library-mismatch", "driver_library_mismatch", "Driver/library version mismatch"),
+        ("lost:2", "gpu_lost", "(GPU 0000:48:00.0)"),
+    ],
+)
 def test_nvidia_smi_failures_name_the_cause(machine, fault, cause, text):
     machine("l40s-4x-switch", fault=fault)
     with pytest.raises(_gpu.GpuTopologyError) as info:
@@ -266,6 +298,7 @@ def test_nvml_failures(machine, nvml, monkeypatch):
 def test_stub_refuses_the_tuple_read_index(machine, nvml):
     """NVML_P2P_CAPS_INDEX_READ is (0,) in nvidia-ml-py 13.615.71; the backend passes integers."""
     import ctypes
+
     machine("epyc-rootport-acs")
     nvml.nvmlInit()
     try:
@@ -281,7 +314,7 @@ def test_nvml_bytes_strings_are_decoded(machine, nvml):
     """Older nvidia-ml-py releases return bytes (busId, names, versions)."""
     machine("epyc-rootport-acs")
 
-    class BytesNvml(object):
+    class BytesNvml:
         def __getattr__(self, name):
             value = getattr(nvml, name)
             if not callable(value) or isinstance(value, type):
@@ -294,6 +327,7 @@ def test_nvml_bytes_strings_are_decoded(machine, nvml):
                 if isinstance(result, nvml.nvmlPciInfo_t):
                     result.busId = result.busId.encode()
                 return result
+
             return call
 
     expected = _gpu.collect_nvml(nvml)
@@ -302,21 +336,52 @@ def test_nvml_bytes_strings_are_decoded(machine, nvml):
 
 
 REAL_NAMES = [
-    "nvmlInit", "nvmlShutdown", "nvmlSystemGetDriverVersion", "nvmlDeviceGetCount",
-    "nvmlDeviceGetHandleByIndex", "nvmlDeviceGetUUID", "nvmlDeviceGetName", "nvmlDeviceGetPciInfo",
-    "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkGeneration",
-    "nvmlDeviceGetCurrPcieLinkWidth", "nvmlDeviceGetMaxPcieLinkWidth", "nvmlDeviceGetTopologyCommonAncestor",
-    "nvmlDeviceGetP2PStatus", "nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkRemoteDeviceType",
-    "nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetCpuAffinity", "nvmlDeviceGetMemoryAffinity",
-    "nvmlDeviceGetNumaNodeId", "NVMLError", "NVMLError_DriverNotLoaded", "NVMLError_LibraryNotFound",
-    "NVMLError_NotSupported", "NVMLError_Unknown", "NVMLError_GpuIsLost", "NVMLError_InvalidArgument",
+    "nvmlInit",
+    "nvmlShutdown",
+    "nvmlSystemGetDriverVersion",
+    "nvmlDeviceGetCount",
+    "nvmlDeviceGetHandleByIndex",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetName",
+    "nvmlDeviceGetPciInfo",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetCurrPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetTopologyCommonAncestor",
+    "nvmlDeviceGetP2PStatus",
+    "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkRemoteDeviceType",
+    "nvmlDeviceGetNvLinkRemotePciInfo",
+    "nvmlDeviceGetCpuAffinity",
+    "nvmlDeviceGetMemoryAffinity",
+    "nvmlDeviceGetNumaNodeId",
+    "NVMLError",
+    "NVMLError_DriverNotLoaded",
+    "NVMLError_LibraryNotFound",
+    "NVMLError_NotSupported",
+    "NVMLError_Unknown",
+    "NVMLError_GpuIsLost",
+    "NVMLError_InvalidArgument",
 ]
 REAL_CONSTANTS = [
-    "NVML_NVLINK_MAX_LINKS", "NVML_FEATURE_ENABLED", "NVML_NVLINK_DEVICE_TYPE_GPU",
-    "NVML_NVLINK_DEVICE_TYPE_SWITCH", "NVML_TOPOLOGY_SINGLE", "NVML_TOPOLOGY_MULTIPLE",
-    "NVML_TOPOLOGY_HOSTBRIDGE", "NVML_TOPOLOGY_NODE", "NVML_TOPOLOGY_SYSTEM", "NVML_P2P_CAPS_INDEX_READ",
-    "NVML_P2P_CAPS_INDEX_WRITE", "NVML_P2P_CAPS_INDEX_NVLINK", "NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED",
-    "NVML_P2P_STATUS_NOT_SUPPORTED", "NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_GPU_IS_LOST",
+    "NVML_NVLINK_MAX_LINKS",
+    "NVML_FEATURE_ENABLED",
+    "NVML_NVLINK_DEVICE_TYPE_GPU",
+    "NVML_NVLINK_DEVICE_TYPE_SWITCH",
+    "NVML_TOPOLOGY_SINGLE",
+    "NVML_TOPOLOGY_MULTIPLE",
+    "NVML_TOPOLOGY_HOSTBRIDGE",
+    "NVML_TOPOLOGY_NODE",
+    "NVML_TOPOLOGY_SYSTEM",
+    "NVML_P2P_CAPS_INDEX_READ",
+    "NVML_P2P_CAPS_INDEX_WRITE",
+    "NVML_P2P_CAPS_INDEX_NVLINK",
+    "NVML_P2P_STATUS_CHIPSET_NOT_SUPPORTED",
+    "NVML_P2P_STATUS_NOT_SUPPORTED",
+    "NVML_ERROR_DRIVER_NOT_LOADED",
+    "NVML_ERROR_GPU_IS_LOST",
     "NVML_AFFINITY_SCOPE_NODE",
 ]
 
@@ -347,6 +412,9 @@ def test_stub_matches_nvidia_ml_py(nvml):
     for name in REAL_CONSTANTS:
         assert getattr(real, name) == getattr(nvml, name), name
     assert real.NVML_P2P_CAPS_INDEX_READ == (0,)
-    assert type(nvml.NVMLError(nvml.NVML_ERROR_DRIVER_NOT_LOADED)).__name__ == \
-        type(real.NVMLError(real.NVML_ERROR_DRIVER_NOT_LOADED)).__name__ == "NVMLError_DriverNotLoaded"
+    assert (
+        type(nvml.NVMLError(nvml.NVML_ERROR_DRIVER_NOT_LOADED)).__name__
+        == type(real.NVMLError(real.NVML_ERROR_DRIVER_NOT_LOADED)).__name__
+        == "NVMLError_DriverNotLoaded"
+    )
     assert str(nvml.NVMLError_Unknown()) == "Unknown Error"

@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """gpufleet.node.gpu_topology_facts as a module: backend choice, argv, failures, expectations."""
+
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
+from ansible_collections.gpufleet.node.plugins.module_utils import _proc
 from ansible_collections.gpufleet.node.plugins.modules import gpu_topology_facts as mod
 from lab.standins import nvidia_smi as smi
 
@@ -44,15 +47,15 @@ def run_module(monkeypatch):
     def fail_json(self, **kwargs):
         raise Exited(True, kwargs)
 
-    original = basic.AnsibleModule.run_command
+    original = _proc.run
 
-    def run_command(self, args, **kwargs):
-        calls.append((list(args), kwargs.get("environ_update")))
-        return original(self, args, **kwargs)
+    def run(argv, timeout, environment=None, **kwargs):
+        calls.append((list(argv), environment))
+        return original(argv, timeout, environment, **kwargs)
 
     monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
-    monkeypatch.setattr(basic.AnsibleModule, "run_command", run_command)
+    monkeypatch.setattr(_proc, "run", run)
 
     def _run(args, check_mode=False):
         calls.clear()
@@ -77,6 +80,7 @@ def lab(lab_node, monkeypatch):
             monkeypatch.setenv(smi.FAULT_ENV, fault)
         monkeypatch.setattr(mod, "pynvml", pynvml)
         return node
+
     return _lab
 
 
@@ -98,14 +102,21 @@ def test_nvidia_smi_argv_and_locale(lab, run_module):
     run = run_module({"backend": "nvidia_smi", "nvidia_smi_path": NVSMI, "sysfs_path": str(node.sysfs)})
     assert not run.failed
     assert run.calls == [
-        ([NVSMI, "--query-gpu=index,uuid,name,pci.bus_id,memory.total,pcie.link.gen.current,"
-                 "pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,driver_version",
-          "--format=csv,noheader,nounits"], {"LC_ALL": "C"}),
+        (
+            [
+                NVSMI,
+                "--query-gpu=index,uuid,name,pci.bus_id,memory.total,pcie.link.gen.current,"
+                "pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,driver_version",
+                "--format=csv,noheader,nounits",
+            ],
+            {"LC_ALL": "C"},
+        ),
         ([NVSMI, "topo", "-m"], {"LC_ALL": "C"}),
         ([NVSMI, "topo", "-p2p", "r"], {"LC_ALL": "C"}),
         ([NVSMI, "topo", "-p2p", "w"], {"LC_ALL": "C"}),
         ([NVSMI, "topo", "-p2p", "n"], {"LC_ALL": "C"}),
-        ([NVSMI, "nvlink", "-s"], {"LC_ALL": "C"})]
+        ([NVSMI, "nvlink", "-s"], {"LC_ALL": "C"}),
+    ]
     facts = run.result["ansible_facts"]["gpu_topology"]
     assert facts["summary"]["worst_link"] == "NV18" and facts["gpu_count"] == 8
 
@@ -166,8 +177,55 @@ def test_gpu_lost_fails_naming_the_gpu(lab, run_module, stub):
     assert "fallen off the bus" in via_smi.result["msg"]
 
 
+@pytest.mark.parametrize("fault", ["no-devices", "empty-output"])
+def test_no_devices_with_nvidia_bound_gpus_fails(lab, run_module, tmp_path, fault):
+    """The driver sees no GPU while the PCI tree has GPUs bound to it: a driver problem."""
+    node = lab("l40s-4x-switch", fault=fault if fault == "no-devices" else None)
+    binary = NVSMI
+    if fault == "empty-output":
+        binary = str(tmp_path / "nvidia-smi")
+        Path(binary).write_text("#!/bin/sh\nexit 0\n")
+        Path(binary).chmod(0o755)
+    run = run_module({"backend": "nvidia_smi", "nvidia_smi_path": binary, "sysfs_path": str(node.sysfs)})
+    assert run.failed and run.result["cause"] == "driver_no_devices"
+    assert "nvidia-smi reports no GPU" in run.result["msg"]
+    assert "0000:43:00.0, 0000:44:00.0, 0000:48:00.0, 0000:49:00.0 bound to the nvidia driver" in run.result["msg"]
+
+
+def test_nvidia_smi_hang_times_out(lab, run_module, tmp_path):
+    """A hung nvidia-smi (and what it forked) is killed at the deadline; the task names the command."""
+    node = lab("l40s-4x-switch")
+    pidfile = tmp_path / "child.pid"
+    binary = tmp_path / "nvidia-smi"
+    binary.write_text("#!/bin/sh\nsleep 300 &\necho $! > %s\nwait\n" % pidfile)
+    binary.chmod(0o755)
+    run = run_module(
+        {"backend": "nvidia_smi", "nvidia_smi_path": str(binary), "timeout": 1, "sysfs_path": str(node.sysfs)}
+    )
+    assert run.failed and run.result["cause"] == "nvidia_smi_timeout"
+    assert "`%s --query-gpu=" % binary in run.result["msg"]
+    assert "did not finish within 1 s; its process group was killed" in run.result["msg"]
+    child = int(pidfile.read_text())
+    assert process_gone(child), "the hung command's child survived"
+
+
+def process_gone(pid):
+    """Dead, or a zombie waiting for a reaper (killed all the same)."""
+    try:
+        stat = Path("/proc/%d/stat" % pid).read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
 def test_no_devices_only_fails_when_gpus_are_expected(lab, run_module):
     node = lab("l40s-4x-switch", fault="no-devices")
+    # The GPUs are bound to vfio-pci (a VM has them): rightly invisible to the driver.
+    for gpu in node.gpus:
+        link = node.sysfs / "devices" / gpu.bdf / "driver"
+        target = Path(os.readlink(link))
+        link.unlink()
+        link.symlink_to(target.parent / "vfio-pci")
     args = {"backend": "nvidia_smi", "nvidia_smi_path": NVSMI, "sysfs_path": str(node.sysfs)}
     run = run_module(args)
     assert not run.failed
@@ -193,8 +251,9 @@ def test_violations_fail_unless_report_only(lab, run_module, stub):
     args = {"sysfs_path": str(node.sysfs), "expect": {"gpu_count": 4, "min_pcie_width": 16}}
     run = run_module(args)
     assert run.failed
-    assert run.result["msg"].startswith("1 GPU topology violation(s): GPU2 (0000:48:00.0, NVIDIA L40S) "
-                                        "PCIe link trained to x8 below port 0000:47:00.0")
+    assert run.result["msg"].startswith(
+        "1 GPU topology violation(s): GPU2 (0000:48:00.0, NVIDIA L40S) PCIe link trained to x8 below port 0000:47:00.0"
+    )
     assert [v["gpus"] for v in run.result["violations"]] == [["GPU2"]]
     report = run_module(dict(args, report_only=True))
     assert not report.failed and report.result["violations"] == run.result["violations"]

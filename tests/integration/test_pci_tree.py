@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Sysfs tree enumeration and the GPU-path audit (_pci.PciTopology) on the lab's generated trees,
 checked against the real `lspci -vvv -O sysfs.path=...` and against the hardware model."""
+
 from __future__ import annotations
 
 import os
@@ -12,6 +13,7 @@ import pytest
 from ansible_collections.gpufleet.node.plugins.module_utils import _pci
 from tests.support import lspci_acs, needs_lspci
 
+
 def flags(value):
     decoded = _pci.decode_acs(value)
     decoded.pop("other_bits")
@@ -19,14 +21,18 @@ def flags(value):
 
 
 LSPCI_PORT_TYPES = {
-    "Root Port": "root_port", "Upstream Port": "upstream_port", "Downstream Port": "downstream_port",
-    "Endpoint": "endpoint", "Legacy Endpoint": "legacy_endpoint",
+    "Root Port": "root_port",
+    "Upstream Port": "upstream_port",
+    "Downstream Port": "downstream_port",
+    "Endpoint": "endpoint",
+    "Legacy Endpoint": "legacy_endpoint",
 }
 
 
 def lspci_tree(node):
-    return subprocess.run(["lspci", "-D", "-vvv", "-O", "sysfs.path=%s" % node.sysfs],
-                          check=True, capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["lspci", "-D", "-vvv", "-O", "sysfs.path=%s" % node.sysfs], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def lspci_blocks(text):
@@ -47,9 +53,9 @@ def test_acs_decode_agrees_with_lspci_on_every_profile(lab_node, any_profile):
     text = lspci_tree(node)
     seen = lspci_acs(text)
     audit = _pci.PciTopology.scan(str(node.sysfs)).audit()
-    ports = dict((p["bdf"], p) for p in audit["ports"])
-    with_acs = dict((bdf, acs) for bdf, acs in seen.items() if acs)
-    assert set(with_acs) == set(bdf for bdf, p in ports.items() if p["acs_cap"] is not None)
+    ports = {p["bdf"]: p for p in audit["ports"]}
+    with_acs = {bdf: acs for bdf, acs in seen.items() if acs}
+    assert set(with_acs) == {bdf for bdf, p in ports.items() if p["acs_cap"] is not None}
     assert with_acs, "the profile has ACS-capable ports"
     for bdf, acs in with_acs.items():
         assert acs == {"ACSCap": flags(ports[bdf]["acs_cap"]), "ACSCtl": flags(ports[bdf]["acs_ctl"])}, bdf
@@ -64,10 +70,10 @@ def test_port_types_and_links_agree_with_lspci(lab_node, any_profile):
     assert set(blocks) == set(topo.devices)
     for bdf, lines in blocks.items():
         cfg = topo.devices[bdf].config
-        express = [l for l in lines if "Express (v" in l][0]
+        express = [line for line in lines if "Express (v" in line][0]
         name = re.search(r"Express \(v\d\) (.+?)(?: \(Slot.\))?, MSI", express).group(1)
         assert cfg.port_type == LSPCI_PORT_TYPES[name], bdf
-        lnksta = [l for l in lines if "LnkSta:" in l][0]
+        lnksta = [line for line in lines if "LnkSta:" in line][0]
         speed, width = re.search(r"Speed ([0-9.]+GT/s)[^,]*, Width x(\d+)", lnksta).groups()
         link = cfg.link()
         assert (link["speed_current"], link["width_current"]) == (speed, int(width)), bdf
@@ -78,13 +84,12 @@ def test_gpu_pairs_agree_with_the_hardware_model(lab_node, any_profile):
     topo = _pci.PciTopology.scan(str(node.sysfs))
     assert topo.gpus == sorted(g.bdf for g in node.gpus)
     assert topo.nics == sorted(n.bdf for n in node.nics)
-    pairs = dict((tuple(a_b), (crossed, red)) for *a_b, crossed, red in
-                 ((a, b, c, r) for a, b, c, r in topo.gpu_pairs()))
+    pairs = {tuple(p["gpus"]): (p["bridges"], p["redirecting"]) for p in topo.gpu_pairs()}
     for i, gi in enumerate(node.gpus):
         for j in range(i + 1, len(node.gpus)):
             key = tuple(sorted((gi.bdf, node.gpus[j].bdf)))
             crossed, redirecting = pairs[key]
-            assert sorted(crossed) == sorted(node.path_bridges(i, j))
+            assert crossed == node.path_bridges(i, j)
             assert sorted(redirecting) == sorted(node.redirecting_bridges(i, j))
 
 
@@ -103,7 +108,7 @@ def test_seed000_audit(lab_node):
     assert summary["blocked_gpu_pairs"] == 6 and not summary["peer_to_peer_clear"]
     downstream = [p for p in audit["ports"] if p["port_type"] == "downstream_port"]
     assert len(downstream) == 5
-    assert all(p["acs_ctl"] == 0x001d and p["redirect"] and p["on_peer_path"] for p in downstream)
+    assert all(p["acs_ctl"] == 0x001D and p["redirect"] and p["on_peer_path"] for p in downstream)
     upstream = [p for p in audit["ports"] if p["port_type"] == "upstream_port"]
     assert len(upstream) == 2
     assert all(p["acs_cap"] is None and p["on_peer_path"] and p["on_gpu_path"] for p in upstream)
@@ -118,7 +123,7 @@ def test_rootport_profile_blocked_by_root_ports(lab_node):
     audit = _pci.PciTopology.scan(str(node.sysfs)).audit()
     (pair,) = audit["blocked_gpu_pairs"]
     assert pair["redirecting"] == ["0000:00:01.1", "0000:00:01.2"]
-    assert all(p["acs_ctl"] == 0x001d for p in audit["ports"])
+    assert all(p["acs_ctl"] == 0x001D for p in audit["ports"])
 
 
 def test_clear_pairs_after_registers_change(lab_node):
@@ -142,6 +147,39 @@ def test_truncated_config_is_a_clear_error(lab_node):
         handle.truncate(64)
     with pytest.raises(_pci.PciConfigTruncated, match=r"0000:42:00.0: read only 64 bytes.*CAP_SYS_ADMIN.*root"):
         _pci.PciTopology.scan(str(node.sysfs))
+
+
+def truncate_config(node, bdf, size):
+    with open(os.path.join(str(node.sysfs), "devices", bdf, "config"), "r+b") as handle:
+        handle.truncate(size)
+
+
+@pytest.mark.parametrize("size", [256, 200])
+def test_short_config_space_is_unknown_not_clear(lab_node, size):
+    """A bridge on the GPU path read without its extended space: ACS unknown, never clear."""
+    node = lab_node("epyc-rootport-acs")
+    topo = _pci.PciTopology.scan(str(node.sysfs))
+    bdf = "0000:00:01.1"
+    for port in topo.ports():  # ACS off everywhere: the tree would be clear...
+        cfg = topo.devices[port].config
+        if cfg.acs is not None:
+            path = os.path.join(str(node.sysfs), "devices", port, "config")
+            with open(path, "r+b") as handle:
+                handle.seek(cfg.acs["offset"] + 6)
+                handle.write((0x0011).to_bytes(2, "little"))
+    assert _pci.PciTopology.scan(str(node.sysfs)).audit()["summary"]["peer_to_peer_clear"]
+    truncate_config(node, bdf, size)  # ...but one root port's extended space is not there
+    audit = _pci.PciTopology.scan(str(node.sysfs)).audit()
+    assert audit["summary"]["peer_to_peer_clear"] is False
+    assert audit["summary"]["acs_unknown_path_ports"] == 1
+    (unknown,) = audit["acs_unknown_ports"]
+    assert unknown["bdf"] == bdf and "%d bytes" % size in unknown["reason"]
+    assert "run as root" in unknown["reason"] and "lspci -xxxx" in unknown["reason"]
+    port = [p for p in audit["ports"] if p["bdf"] == bdf][0]
+    assert port["acs_unknown"] is True and port["acs_cap"] is None
+    (pair,) = audit["gpu_pairs"]
+    assert pair["acs_unknown"] == [bdf] and pair["blocked"] is False
+    assert any(bdf in w and "unknown, not absent" in w for w in audit["warnings"])
 
 
 def test_missing_tree_is_a_clear_error(tmp_path):

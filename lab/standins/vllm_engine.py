@@ -17,6 +17,7 @@ So TTFT = queueing + prefill under contention, inter-token latency grows with th
 KV usage gauge is used blocks / pool blocks.  Metrics are kept as vLLM keeps them (histograms with
 vLLM's default buckets).  Standard library only (the nodes run it under Debian's python3).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -27,15 +28,77 @@ import time
 import uuid
 from collections import deque
 
-GiB = 1024 ** 3
-MiB = 1024 ** 2
+GiB = 1024**3
+MiB = 1024**2
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-               20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-               240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 WORDS = (" the", " lab", " node", " serves", " tokens", " of", " a", " simulated", " model", ".")
 
 
@@ -79,7 +142,7 @@ class Histogram:
 
     def lines(self, name, labels):
         out, cum = [], 0
-        for bound, count in zip(list(self.bounds) + ["+Inf"], self.counts):
+        for bound, count in zip(list(self.bounds) + ["+Inf"], self.counts, strict=False):
             cum += count
             out.append(f'{name}_bucket{{{labels},le="{float(bound) if bound != "+Inf" else bound}"}} {float(cum)}')
         out.append(f"{name}_count{{{labels}}} {float(cum)}")
@@ -124,8 +187,17 @@ class Request:
 
 
 class Engine:
-    def __init__(self, kv_tokens, block_size=16, max_num_seqs=256, max_num_batched_tokens=2048,
-                 prefill_tps=20000.0, itl=0.02, itl_per_seq=0.0002, frag_s_per_gib=2.0):
+    def __init__(
+        self,
+        kv_tokens,
+        block_size=16,
+        max_num_seqs=256,
+        max_num_batched_tokens=2048,
+        prefill_tps=20000.0,
+        itl=0.02,
+        itl_per_seq=0.0002,
+        frag_s_per_gib=2.0,
+    ):
         self.block_size = max(1, int(block_size))
         self.total_blocks = max(1, int(kv_tokens) // self.block_size)
         self.max_num_seqs = max(1, int(max_num_seqs))
@@ -151,21 +223,27 @@ class Engine:
     @classmethod
     def from_environment(cls, opts, facts, env):
         block = opts.get("block_size") or 16
-        kv_tokens = int(env.get("GPUFLEET_LAB_VLLM_KV_TOKENS") or facts.get("blocks", 0) * block
-                        or facts.get("max_model_len", 2048))
-        return cls(kv_tokens=kv_tokens, block_size=block,
-                   max_num_seqs=facts.get("max_num_seqs") or 256,
-                   max_num_batched_tokens=facts.get("max_num_batched_tokens") or 2048,
-                   prefill_tps=float(env.get("GPUFLEET_LAB_VLLM_PREFILL_TPS", 20000)),
-                   itl=float(env.get("GPUFLEET_LAB_VLLM_ITL_S", 0.02)),
-                   itl_per_seq=float(env.get("GPUFLEET_LAB_VLLM_ITL_PER_SEQ_S", 0.0002)),
-                   frag_s_per_gib=float(env.get("GPUFLEET_LAB_VLLM_RSS_TTFT_S_PER_GIB", 2.0)))
+        kv_tokens = int(
+            env.get("GPUFLEET_LAB_VLLM_KV_TOKENS") or facts.get("blocks", 0) * block or facts.get("max_model_len", 2048)
+        )
+        return cls(
+            kv_tokens=kv_tokens,
+            block_size=block,
+            max_num_seqs=facts.get("max_num_seqs") or 256,
+            max_num_batched_tokens=facts.get("max_num_batched_tokens") or 2048,
+            prefill_tps=float(env.get("GPUFLEET_LAB_VLLM_PREFILL_TPS", 20000)),
+            itl=float(env.get("GPUFLEET_LAB_VLLM_ITL_S", 0.02)),
+            itl_per_seq=float(env.get("GPUFLEET_LAB_VLLM_ITL_PER_SEQ_S", 0.0002)),
+            frag_s_per_gib=float(env.get("GPUFLEET_LAB_VLLM_RSS_TTFT_S_PER_GIB", 2.0)),
+        )
 
     # --- client side ----------------------------------------------------------------------------
     def submit(self, prompt_len, max_tokens):
         if self._blocks_for(prompt_len + 1) > self.total_blocks:
-            raise EngineError(f"the request's {prompt_len} prompt tokens do not fit the KV pool "
-                              f"({self.total_blocks * self.block_size} tokens)")
+            raise EngineError(
+                f"the request's {prompt_len} prompt tokens do not fit the KV pool "
+                f"({self.total_blocks * self.block_size} tokens)"
+            )
         req = Request(self, prompt_len, max(1, int(max_tokens)))
         with self.cond:
             self.waiting.append(req)
@@ -282,30 +360,56 @@ class Engine:
         labels = f'engine="0",model_name="{served}"'
         with self.cond:
             gauges = (
-                ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
-                 float(len(self.running))),
-                ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-                 float(len(self.waiting))),
-                ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
-                 self.used_blocks / self.total_blocks),
-                ("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.",
-                 float(self.preemptions)),
-                ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-                 float(self.prompt_total)),
-                ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
-                 float(self.generation_total)),
+                (
+                    "vllm:num_requests_running",
+                    "gauge",
+                    "Number of requests in model execution batches.",
+                    float(len(self.running)),
+                ),
+                (
+                    "vllm:num_requests_waiting",
+                    "gauge",
+                    "Number of requests waiting to be processed.",
+                    float(len(self.waiting)),
+                ),
+                (
+                    "vllm:kv_cache_usage_perc",
+                    "gauge",
+                    "KV-cache usage. 1 means 100 percent usage.",
+                    self.used_blocks / self.total_blocks,
+                ),
+                (
+                    "vllm:num_preemptions_total",
+                    "counter",
+                    "Cumulative number of preemption from the engine.",
+                    float(self.preemptions),
+                ),
+                (
+                    "vllm:prompt_tokens_total",
+                    "counter",
+                    "Number of prefill tokens processed.",
+                    float(self.prompt_total),
+                ),
+                (
+                    "vllm:generation_tokens_total",
+                    "counter",
+                    "Number of generation tokens processed.",
+                    float(self.generation_total),
+                ),
             )
             lines = []
             for name, kind, helptext, value in gauges:
                 lines += [f"# HELP {name} {helptext}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {value}"]
-            lines += ["# HELP vllm:request_success_total Count of successfully processed requests.",
-                      "# TYPE vllm:request_success_total counter",
-                      f'vllm:request_success_total{{{labels},finished_reason="length"}} {float(self.success)}']
+            lines += [
+                "# HELP vllm:request_success_total Count of successfully processed requests.",
+                "# TYPE vllm:request_success_total counter",
+                f'vllm:request_success_total{{{labels},finished_reason="length"}} {float(self.success)}',
+            ]
             for name, helptext, hist in (
-                    ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", self.ttft),
-                    ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                     self.itl_hist),
-                    ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", self.e2e)):
+                ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", self.ttft),
+                ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", self.itl_hist),
+                ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", self.e2e),
+            ):
                 lines += [f"# HELP {name} {helptext}", f"# TYPE {name} histogram"] + hist.lines(name, labels)
         return "\n".join(lines) + "\n"
 

@@ -34,9 +34,10 @@ environment (a systemd drop-in in the lab):
     GPUFLEET_LAB_VLLM_RSS_GROWTH_MIB_S   resident memory the server leaks per second (default 0)
     GPUFLEET_LAB_VLLM_RSS_TTFT_S_PER_GIB added prefill time per GiB leaked (fragmentation, default 2)
 """
+
 from __future__ import annotations
 
-import argparse
+import importlib.util
 import json
 import math
 import os
@@ -45,40 +46,102 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import yaml
 
 from lab.hwmodel import Node
 from lab.standins.vllm_engine import Engine, EngineError, RSSLeak, prompt_tokens
 
-GiB = 1024 ** 3
-MiB = 1024 ** 2
+GiB = 1024**3
+MiB = 1024**2
 VERSION = "0.33.0"
 STARTUP_ENV = "GPUFLEET_LAB_VLLM_STARTUP_S"
+# bytes per parameter of a quantized checkpoint's quantized layers
+_QUANT_BYTES = {"fp8": 1}
 
-# The checkpoints this lab "has": hf id -> (layers, kv heads, head_dim, parameters, bytes/param,
-# MLA latent width or 0, hidden, vocab).
-CHECKPOINTS = {
-    "meta-llama/Llama-3.3-70B-Instruct": (80, 8, 128, 70.55e9, 2, 0, 8192, 128256),
-    "meta-llama/Llama-3.1-70B-Instruct": (80, 8, 128, 70.55e9, 2, 0, 8192, 128256),
-    "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic": (80, 8, 128, 72.66e9 / 1, 1, 0, 8192, 128256),
-    "meta-llama/Llama-3.1-8B-Instruct": (32, 8, 128, 8.03e9, 2, 0, 4096, 128256),
-    "Qwen/Qwen2.5-72B-Instruct": (80, 8, 128, 72.71e9, 2, 0, 8192, 152064),
-    "deepseek-ai/DeepSeek-V2-Lite-Chat": (27, 16, 192, 15.71e9, 2, 576, 2048, 102400),
-}
+
+def _load_checkpoints():
+    """The checkpoints this lab "has": hf id -> (layers, kv heads, head_dim, bytes of the weights,
+    MLA latent width or 0, hidden, vocab).
+
+    Their shapes come from ONE place, the collection's data file
+    ``plugins/module_utils/_model_profiles.py`` (config.json fields and parameter counts), loaded by
+    its path: the shape of a checkpoint is the fact this stand-in simulates, as the hardware model's
+    GPUs are, so the planner and the lab cannot disagree about it. Nothing else of the collection is
+    imported (not the planner, which this stand-in checks): the bytes a checkpoint takes on the GPU
+    and the memory vLLM measures at start-up are the lab's own arithmetic below, written from vLLM's
+    behaviour (quantized checkpoints keep the embeddings and lm_head in 16 bits), not from _kvplan.
+    """
+    path = Path(__file__).resolve().parents[2] / "plugins" / "module_utils" / "_model_profiles.py"
+    spec = importlib.util.spec_from_file_location("_gpufleet_lab_model_profiles", path)
+    data = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(data)
+    table = {}
+    for name, p in data.MODEL_PROFILES.items():
+        quant = p.get("quantization")
+        if quant and quant not in _QUANT_BYTES:
+            raise RuntimeError(
+                f"lab vLLM stand-in: no byte width for the {quant} checkpoint {name}; add it to _QUANT_BYTES"
+            )
+        wbytes = _QUANT_BYTES.get(quant, 2)
+        params, hidden, vocab = p["num_parameters"], p["hidden_size"], p["vocab_size"]
+        embed = vocab * hidden * (1 if p.get("tie_word_embeddings") else 2) if quant else 0
+        loaded = (params - embed) * wbytes + embed * 2
+        latent = p.get("kv_lora_rank", 0) + p.get("qk_rope_head_dim", 0) if p.get("kv_lora_rank") else 0
+        heads = p["num_attention_heads"]
+        table[p["hf_id"]] = (
+            p["num_hidden_layers"],
+            p.get("num_key_value_heads") or heads,
+            p.get("head_dim") or hidden // heads,
+            loaded,
+            latent,
+            hidden,
+            vocab,
+        )
+    return table
+
+
+CHECKPOINTS = _load_checkpoints()
 # Options this stand-in understands (long names, underscores) and their defaults; any other option
 # vLLM 0.33.0 has is accepted and ignored.  REMOVED ones fail like vLLM's parser fails on them.
 OPTIONS = {
-    "model": None, "served_model_name": None, "host": None, "port": 8000,
-    "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "dtype": "auto", "kv_cache_dtype": "auto",
-    "gpu_memory_utilization": 0.92, "kv_cache_memory_bytes": None, "max_model_len": None,
-    "block_size": 16, "max_num_batched_tokens": None, "max_num_seqs": None, "enable_prefix_caching": True,
-    "shutdown_timeout": 0, "api_key": None, "enforce_eager": False, "trust_remote_code": False,
-    "disable_log_stats": False, "enable_log_requests": False, "enable_chunked_prefill": True,
-    "max_logprobs": 20, "seed": 0, "download_dir": None, "quantization": None, "uvicorn_log_level": "info",
+    "model": None,
+    "served_model_name": None,
+    "host": None,
+    "port": 8000,
+    "tensor_parallel_size": 1,
+    "pipeline_parallel_size": 1,
+    "dtype": "auto",
+    "kv_cache_dtype": "auto",
+    "gpu_memory_utilization": 0.92,
+    "kv_cache_memory_bytes": None,
+    "max_model_len": None,
+    "block_size": 16,
+    "max_num_batched_tokens": None,
+    "max_num_seqs": None,
+    "enable_prefix_caching": True,
+    "shutdown_timeout": 0,
+    "api_key": None,
+    "enforce_eager": False,
+    "trust_remote_code": False,
+    "disable_log_stats": False,
+    "enable_log_requests": False,
+    "enable_chunked_prefill": True,
+    "max_logprobs": 20,
+    "seed": 0,
+    "download_dir": None,
+    "quantization": None,
+    "uvicorn_log_level": "info",
 }
-REMOVED = ("swap_space", "calculate_kv_scales", "num_scheduler_steps", "use_v2_block_manager",
-           "preemption_mode", "max_seq_len_to_capture")
+REMOVED = (
+    "swap_space",
+    "calculate_kv_scales",
+    "num_scheduler_steps",
+    "use_v2_block_manager",
+    "preemption_mode",
+    "max_seq_len_to_capture",
+)
 BOOLEAN = {k for k, v in OPTIONS.items() if isinstance(v, bool)}
 
 
@@ -139,8 +202,17 @@ def parse(argv):
         opts["model"] = positional[0]
     merged = dict(OPTIONS)
     merged.update(opts)
-    for key in ("port", "tensor_parallel_size", "pipeline_parallel_size", "block_size", "max_model_len",
-                "max_num_batched_tokens", "max_num_seqs", "kv_cache_memory_bytes", "shutdown_timeout"):
+    for key in (
+        "port",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "block_size",
+        "max_model_len",
+        "max_num_batched_tokens",
+        "max_num_seqs",
+        "kv_cache_memory_bytes",
+        "shutdown_timeout",
+    ):
         if merged.get(key) is not None:
             try:
                 merged[key] = int(merged[key])
@@ -167,28 +239,38 @@ def engine_check(opts, gpus):
     """Start-up as vLLM does it; returns (error text or None, facts dict)."""
     model = opts["model"]
     if model not in CHECKPOINTS:
-        return (f"OSError: {model} is not a local folder and is not a valid model identifier listed on "
-                f"'https://huggingface.co/models'"), {}
-    layers, kv_heads, head_dim, params, wbytes, mla, hidden, vocab = CHECKPOINTS[model]
+        return (
+            f"OSError: {model} is not a local folder and is not a valid model identifier listed on "
+            f"'https://huggingface.co/models'"
+        ), {}
+    layers, kv_heads, head_dim, loaded, mla, hidden, vocab = CHECKPOINTS[model]
     tp, pp = opts["tensor_parallel_size"], opts["pipeline_parallel_size"]
     world = tp * pp
     if world > len(gpus):
-        return (f"ValueError: World size ({world}) is larger than the number of available GPUs "
-                f"({len(gpus)}) in this node. If this is intentional, you may want to start a Ray "
-                f"cluster."), {}
+        return (
+            f"ValueError: World size ({world}) is larger than the number of available GPUs "
+            f"({len(gpus)}) in this node. If this is intentional, you may want to start a Ray "
+            f"cluster."
+        ), {}
     total = min(g.memory_total_mib for g in gpus[:world]) * MiB
     requested = total * opts["gpu_memory_utilization"]
-    weights = params * wbytes / world
+    weights = loaded / world
     if weights > total:
-        return ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a "
-                f"total capacity of {total / GiB:.2f} GiB of which 0 bytes is free."), {}
+        return (
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.75 GiB. GPU 0 has a "
+            f"total capacity of {total / GiB:.2f} GiB of which 0 bytes is free."
+        ), {}
     kv_bytes = 1 if str(opts["kv_cache_dtype"]).startswith("fp8") else 2
     per_layer = mla * kv_bytes if mla else 2 * max(1, kv_heads // tp) * head_dim * kv_bytes
     layers_here = math.ceil(layers / pp)
     batched = opts["max_num_batched_tokens"] or (8192 if total >= 70 * GiB else 2048)
     seqs = opts["max_num_seqs"] or (1024 if total >= 70 * GiB else 256)
-    measured = (0.8 * GiB if world > 1 else 0.3 * GiB) + (0 if opts["enforce_eager"] else 0.4 * GiB) \
-        + batched * hidden * 6 * 2 / max(1, tp) + seqs * vocab * 4
+    measured = (
+        (0.8 * GiB if world > 1 else 0.3 * GiB)
+        + (0 if opts["enforce_eager"] else 0.4 * GiB)
+        + batched * hidden * 6 * 2 / max(1, tp)
+        + seqs * vocab * 4
+    )
     if opts.get("kv_cache_memory_bytes"):
         pool = opts["kv_cache_memory_bytes"]
     else:
@@ -196,27 +278,41 @@ def engine_check(opts, gpus):
     max_len = opts["max_model_len"] or 131072
     block = opts["block_size"]
     page = per_layer * layers_here * block
-    facts = {"pool": pool, "weights": weights, "requested": requested, "max_model_len": max_len,
-             "max_num_batched_tokens": batched, "max_num_seqs": seqs}
+    facts = {
+        "pool": pool,
+        "weights": weights,
+        "requested": requested,
+        "max_model_len": max_len,
+        "max_num_batched_tokens": batched,
+        "max_num_seqs": seqs,
+    }
     if pool <= 0:
-        return ("ValueError: No available memory for the cache blocks. Try increasing "
-                "`gpu_memory_utilization` when initializing the engine (this flag also controls CPU memory "
-                "reservation on the CPU backend, despite its name). See "
-                "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."), facts
+        return (
+            "ValueError: No available memory for the cache blocks. Try increasing "
+            "`gpu_memory_utilization` when initializing the engine (this flag also controls CPU memory "
+            "reservation on the CPU backend, despite its name). See "
+            "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+        ), facts
     blocks = pool // page
     needed = math.ceil(max_len / block) * page
     if needed > pool:
         estimate = blocks * block
-        est = (f"Based on the available memory, the estimated maximum model length is {estimate}. "
-               if estimate > 0 else "")
-        return ("ValueError: To serve at least one request with the model's max seq len "
-                f"({max_len}), ({round(needed / GiB, 2)} GiB KV cache is needed, which is larger than the "
-                f"available KV cache memory ({round(pool / GiB, 2)} GiB). {est}Try increasing "
-                "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing "
-                "`max_model_len` when initializing the engine. See "
-                "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."), facts
-    facts.update(blocks=blocks, tokens=int(blocks / math.ceil(max_len / block) * max_len),
-                 concurrency=blocks / math.ceil(max_len / block))
+        est = (
+            f"Based on the available memory, the estimated maximum model length is {estimate}. " if estimate > 0 else ""
+        )
+        return (
+            "ValueError: To serve at least one request with the model's max seq len "
+            f"({max_len}), ({round(needed / GiB, 2)} GiB KV cache is needed, which is larger than the "
+            f"available KV cache memory ({round(pool / GiB, 2)} GiB). {est}Try increasing "
+            "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing "
+            "`max_model_len` when initializing the engine. See "
+            "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+        ), facts
+    facts.update(
+        blocks=blocks,
+        tokens=int(blocks / math.ceil(max_len / block) * max_len),
+        concurrency=blocks / math.ceil(max_len / block),
+    )
     return None, facts
 
 
@@ -245,7 +341,7 @@ def make_handler(opts, facts, engine=None):
             if self.command != "HEAD":
                 self.wfile.write(body)
 
-        def do_GET(self):  # noqa: N802 (http.server's name)
+        def do_GET(self):
             path = self.path.split("?", 1)[0]
             if path == "/health":
                 return self._send(200, b"")
@@ -255,10 +351,21 @@ def make_handler(opts, facts, engine=None):
             if path.startswith("/v1/") and api_key and self.headers.get("Authorization") != f"Bearer {api_key}":
                 return self._send(401, json.dumps({"error": "Unauthorized"}).encode())
             if path == "/v1/models":
-                body = {"object": "list", "data": [{
-                    "id": served, "object": "model", "created": started, "owned_by": "vllm",
-                    "root": opts["model"], "parent": None, "max_model_len": facts["max_model_len"],
-                    "permission": []}]}
+                body = {
+                    "object": "list",
+                    "data": [
+                        {
+                            "id": served,
+                            "object": "model",
+                            "created": started,
+                            "owned_by": "vllm",
+                            "root": opts["model"],
+                            "parent": None,
+                            "max_model_len": facts["max_model_len"],
+                            "permission": [],
+                        }
+                    ],
+                }
                 return self._send(200, json.dumps(body).encode())
             if path == "/version":
                 return self._send(200, json.dumps({"version": VERSION}).encode())
@@ -266,7 +373,7 @@ def make_handler(opts, facts, engine=None):
 
         do_HEAD = do_GET
 
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             path = self.path.split("?", 1)[0]
             if path.startswith("/v1/") and api_key and self.headers.get("Authorization") != f"Bearer {api_key}":
                 return self._send(401, json.dumps({"error": "Unauthorized"}).encode())
@@ -282,10 +389,15 @@ def make_handler(opts, facts, engine=None):
             n_prompt = prompt_tokens(body.get("messages") if chat else body.get("prompt"))
             max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
             if n_prompt + max_tokens > facts["max_model_len"]:
-                return self._error(400, (
-                    f"This model's maximum context length is {facts['max_model_len']} tokens. However, you "
-                    f"requested {n_prompt + max_tokens} tokens ({n_prompt} in the messages, {max_tokens} in the "
-                    "completion). Please reduce the length of the messages or completion."), "BadRequestError")
+                return self._error(
+                    400,
+                    (
+                        f"This model's maximum context length is {facts['max_model_len']} tokens. However, you "
+                        f"requested {n_prompt + max_tokens} tokens ({n_prompt} in the messages, {max_tokens} in the "
+                        "completion). Please reduce the length of the messages or completion."
+                    ),
+                    "BadRequestError",
+                )
             try:
                 request = engine.submit(n_prompt, max_tokens)
             except EngineError as exc:
@@ -295,12 +407,23 @@ def make_handler(opts, facts, engine=None):
                 return self._stream(request, chat, include_usage)
             tokens = list(request.tokens())
             text = "".join(tokens)
-            choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
-                      if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
-            out = {"id": request.id, "object": "chat.completion" if chat else "text_completion",
-                   "created": int(time.time()), "model": served, "choices": [choice],
-                   "usage": {"prompt_tokens": n_prompt, "completion_tokens": len(tokens),
-                             "total_tokens": n_prompt + len(tokens)}}
+            choice = (
+                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+                if chat
+                else {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+            )
+            out = {
+                "id": request.id,
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": served,
+                "choices": [choice],
+                "usage": {
+                    "prompt_tokens": n_prompt,
+                    "completion_tokens": len(tokens),
+                    "total_tokens": n_prompt + len(tokens),
+                },
+            }
             return self._send(200, json.dumps(out).encode())
 
         def _error(self, code, message, kind):
@@ -318,19 +441,29 @@ def make_handler(opts, facts, engine=None):
             try:
                 for token in request.tokens():
                     count += 1
-                    choice = ({"index": 0, "delta": {"content": token}, "logprobs": None, "finish_reason": None}
-                              if chat else {"index": 0, "text": token, "logprobs": None, "finish_reason": None,
-                                            "stop_reason": None})
+                    choice = (
+                        {"index": 0, "delta": {"content": token}, "logprobs": None, "finish_reason": None}
+                        if chat
+                        else {"index": 0, "text": token, "logprobs": None, "finish_reason": None, "stop_reason": None}
+                    )
                     if count == request.max_tokens:
                         choice["finish_reason"] = "length"
-                    chunk = {"id": request.id, "object": kind, "created": created, "model": served,
-                             "choices": [choice]}
+                    chunk = {"id": request.id, "object": kind, "created": created, "model": served, "choices": [choice]}
                     self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                     self.wfile.flush()
                 if include_usage:
-                    chunk = {"id": request.id, "object": kind, "created": created, "model": served, "choices": [],
-                             "usage": {"prompt_tokens": request.prompt_len, "completion_tokens": count,
-                                       "total_tokens": request.prompt_len + count}}
+                    chunk = {
+                        "id": request.id,
+                        "object": kind,
+                        "created": created,
+                        "model": served,
+                        "choices": [],
+                        "usage": {
+                            "prompt_tokens": request.prompt_len,
+                            "completion_tokens": count,
+                            "total_tokens": request.prompt_len + count,
+                        },
+                    }
                     self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
@@ -345,19 +478,26 @@ def metrics(served):
     labels = f'engine="0",model_name="{served}"'
     lines = []
     for name, kind, helptext in (
-            ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches."),
-            ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
-            ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
-            ("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine."),
-            ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed."),
-            ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.")):
+        ("vllm:num_requests_running", "gauge", "Number of requests in model execution batches."),
+        ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
+        ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
+        ("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine."),
+        ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed."),
+        ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed."),
+    ):
         lines += [f"# HELP {name} {helptext}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} 0.0"]
-    for name, helptext in (("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds."),
-                           ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds."),
-                           ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.")):
-        lines += [f"# HELP {name} {helptext}", f"# TYPE {name} histogram",
-                  f'{name}_bucket{{{labels},le="+Inf"}} 0.0', f"{name}_count{{{labels}}} 0.0",
-                  f"{name}_sum{{{labels}}} 0.0"]
+    for name, helptext in (
+        ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds."),
+        ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds."),
+        ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds."),
+    ):
+        lines += [
+            f"# HELP {name} {helptext}",
+            f"# TYPE {name} histogram",
+            f'{name}_bucket{{{labels},le="+Inf"}} 0.0',
+            f"{name}_count{{{labels}}} 0.0",
+            f"{name}_sum{{{labels}}} 0.0",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -383,11 +523,17 @@ def serve(argv):
         log("INFO", "Available KV cache memory: %s GiB" % round(facts["pool"] / GiB, 2))
     if error:
         print(error, file=sys.stderr)
-        print("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
-              file=sys.stderr)
+        print(
+            "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+            file=sys.stderr,
+        )
         return 1
-    log("INFO", "GPU KV cache size: {:,} tokens, Maximum concurrency for {:,} tokens per request: {:.2f}x".format(
-        facts["tokens"], facts["max_model_len"], facts["concurrency"]))
+    log(
+        "INFO",
+        "GPU KV cache size: {:,} tokens, Maximum concurrency for {:,} tokens per request: {:.2f}x".format(
+            facts["tokens"], facts["max_model_len"], facts["concurrency"]
+        ),
+    )
     time.sleep(float(os.environ.get(STARTUP_ENV, "1")))
     host = opts.get("host") or "0.0.0.0"
     engine = Engine.from_environment(opts, facts, os.environ)
@@ -395,8 +541,11 @@ def serve(argv):
     try:
         httpd = Server((host, opts["port"]), make_handler(opts, facts, engine))
     except OSError as exc:
-        print(f"OSError: [Errno {exc.errno}] error while attempting to bind on address "
-              f"('{host}', {opts['port']}): {exc.strerror}", file=sys.stderr)
+        print(
+            f"OSError: [Errno {exc.errno}] error while attempting to bind on address "
+            f"('{host}', {opts['port']}): {exc.strerror}",
+            file=sys.stderr,
+        )
         return 1
 
     def stop(signum, _frame):

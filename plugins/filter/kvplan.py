@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Filters for the serving roles: the KV-cache planner, the vLLM config, the GPU runtime env."""
+"""Filters for the serving roles: the KV-cache planner, the vLLM config and its plan (the GPU runtime env: ncclenv.py)."""
 
 from __future__ import annotations
 
@@ -14,18 +14,20 @@ def kv_plan(args):
     try:
         return _kvplan.plan(**dict(args))
     except (_kvplan.PlanError, TypeError) as exc:
-        raise AnsibleFilterError('kv_plan: %s' % exc)
+        raise AnsibleFilterError("kv_plan: %s" % exc) from None
 
 
 def vllm_serve_config(model, gpu, gpu_count, overrides=None, **kwargs):
-    """Build the ``vllm serve --config`` dict and planner arguments for a model on a hardware profile.
+    """The ``vllm serve --config`` dict of a model on a hardware profile, and its KV-cache plan.
 
-    Returns ``{'config': {...}, 'plan_args': {...}, 'expected_request_len': N, 'hardware': ..., 'model': ...}``.
+    The plan is computed once, here, by the same ``_kvplan.plan()`` the module ``vllm_memory_plan``
+    runs. Returns ``{'config': {...}, 'plan': {...}, 'plan_args': {...}, 'expected_request_len': N,
+    'hardware': ..., 'model': ...}``; refused settings and bad numbers raise, naming the setting.
     """
     try:
         return _vllm.serve_config(model, gpu, gpu_count, overrides=overrides, **kwargs)
     except (_vllm.ServingError, _kvplan.PlanError) as exc:
-        raise AnsibleFilterError('vllm_serve_config: %s' % exc)
+        raise AnsibleFilterError("vllm_serve_config: %s" % exc) from None
 
 
 def vllm_removed_settings(config):
@@ -33,27 +35,16 @@ def vllm_removed_settings(config):
     return _vllm.removed_settings(config or {})
 
 
-def gpu_runtime_env(topology, nics=None, rdma='auto', nccl_debug=None, user_env=None,
-                    alloc_conf='expandable_segments:True'):
-    """Derive the GPU services' env from ``gpu_topology`` facts; returns ``{'env', 'why', 'warnings'}``."""
-    try:
-        return _vllm.runtime_env(topology=topology or {}, nics=nics, rdma=rdma, nccl_debug=nccl_debug,
-                                 user_env=user_env, alloc_conf=alloc_conf)
-    except _vllm.ServingError as exc:
-        raise AnsibleFilterError('gpu_runtime_env: %s' % exc)
-
-
 def vllm_stop_timeout(shutdown_timeout, margin=60):
     """systemd TimeoutStopSec above vLLM's drain window and its worker shutdown window."""
     return _vllm.stop_timeout(shutdown_timeout, margin)
 
 
-class FilterModule(object):
+class FilterModule:
     def filters(self):
         return {
-            'kv_plan': kv_plan,
-            'vllm_serve_config': vllm_serve_config,
-            'vllm_removed_settings': vllm_removed_settings,
-            'gpu_runtime_env': gpu_runtime_env,
-            'vllm_stop_timeout': vllm_stop_timeout,
+            "kv_plan": kv_plan,
+            "vllm_serve_config": vllm_serve_config,
+            "vllm_removed_settings": vllm_removed_settings,
+            "vllm_stop_timeout": vllm_stop_timeout,
         }

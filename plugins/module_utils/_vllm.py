@@ -1,10 +1,14 @@
 # -*- coding: utf-8 -*-
 # SPDX-License-Identifier: GPL-3.0-or-later
 """vLLM serving knowledge: the pinned release, its removed settings, hardware profiles, the
-``vllm serve --config`` file, and the runtime environment (allocator and NCCL) GPU services read.
+``vllm serve --config`` file. (The runtime environment GPU services read, allocator and NCCL,
+lives in ``_ncclenv.py``.)
 
-Plain Python, no Ansible. The filters in ``plugins/filter/kvplan.py`` expose it to the roles
-``vllm_server`` and ``gpu_runtime_env``; the lab's vLLM stand-in reads the same settings.
+Plain Python, no Ansible. The filters in ``plugins/filter/kvplan.py`` expose it to the role
+``vllm_server``: :func:`serve_config` builds the config and computes its KV-cache plan once
+(``_kvplan.plan``, the planner of the module ``vllm_memory_plan``). The options ``vllm serve``
+takes are data in ``_vllm_options.py``. The lab's vLLM stand-in reads the config.yaml this writes
+with its own option table, and does not import this file.
 """
 
 from __future__ import annotations
@@ -12,68 +16,149 @@ from __future__ import annotations
 import math
 import re
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _kvplan
+from ansible_collections.gpufleet.node.plugins.module_utils import _kvplan, _vllm_options
 
-VLLM_VERSION = '0.33.0'
-VLLM_IMAGE = 'vllm/vllm-openai:v0.33.0'
+VLLM_VERSION = "0.33.0"
+VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"
 
 # Settings older guides (and the seed documents) still use, that vLLM 0.33.0 no longer has, with
 # what replaced them. Keys are the long flag names with underscores.
 REMOVED_SETTINGS = {
-    'swap_space': 'removed: the V1 engine never swaps KV blocks to CPU memory, it preempts and '
-                  'recomputes; size the KV pool with gpu_memory_utilization or kv_cache_memory_bytes '
-                  'and cap max_num_seqs instead (CPU offload, if wanted, is kv_offloading_size)',
-    'calculate_kv_scales': 'removed (July 2026): fp8 KV-cache scales come from the checkpoint; use '
-                           'kv_cache_dtype fp8 with a checkpoint that carries calibrated k/v scales',
-    'disable_log_requests': 'replaced by enable_log_requests (request logging is off by default); '
-                            'drop the setting, or set enable_log_requests: true to log requests',
-    'num_scheduler_steps': 'removed with the V0 engine (multi-step scheduling); V1 schedules every step, '
-                           'drop the setting',
-    'use_v2_block_manager': 'removed with the V0 engine; drop the setting',
-    'preemption_mode': 'removed: V1 always preempts by recomputation; drop the setting',
-    'max_seq_len_to_capture': 'removed: CUDA-graph sizes are set with compilation_config '
-                              '(cudagraph_capture_sizes / max_cudagraph_capture_size)',
+    "swap_space": "removed: the V1 engine never swaps KV blocks to CPU memory, it preempts and "
+    "recomputes; size the KV pool with gpu_memory_utilization or kv_cache_memory_bytes "
+    "and cap max_num_seqs instead (CPU offload, if wanted, is kv_offloading_size)",
+    "calculate_kv_scales": "removed (July 2026): fp8 KV-cache scales come from the checkpoint; use "
+    "kv_cache_dtype fp8 with a checkpoint that carries calibrated k/v scales",
+    "disable_log_requests": "replaced by enable_log_requests (request logging is off by default); "
+    "drop the setting, or set enable_log_requests: true to log requests",
+    "num_scheduler_steps": "removed with the V0 engine (multi-step scheduling); V1 schedules every step, "
+    "drop the setting",
+    "use_v2_block_manager": "removed with the V0 engine; drop the setting",
+    "preemption_mode": "removed: V1 always preempts by recomputation; drop the setting",
+    "max_seq_len_to_capture": "removed: CUDA-graph sizes are set with compilation_config "
+    "(cudagraph_capture_sizes / max_cudagraph_capture_size)",
+}
+
+# Secret-looking setting names: the last word names a credential, or secret/password anywhere
+# (not allow_credentials, a CORS switch, nor long_prefill_token_threshold).
+_SECRET_KEY = re.compile(r"(?:^|_)(?:token|key|apikey|secret|password|passwd)$|secret|passw")
+# vLLM's own secret options and the role variable that writes each to the 0600 secrets file.
+SECRET_SETTINGS = {"api_key": "vllm_server_api_key (VLLM_API_KEY)", "hf_token": "vllm_server_hf_token (HF_TOKEN)"}
+# Planner inputs that are not vLLM options, and where the role takes them.
+PLANNER_SETTINGS = {
+    "expected_request_len": "a planner input, not a vLLM option: set vllm_server_expected_request_len",
+    "oversubscription_factor": "a planner input, not a vLLM option: set vllm_server_oversubscription_factor",
+    "activation_bytes": "a planner reserve: set it in vllm_server_reserves",
+    "cuda_graph_bytes": "a planner reserve: set it in vllm_server_reserves",
+    "non_torch_bytes": "a planner reserve: set it in vllm_server_reserves",
 }
 
 # Per-hardware profiles. memory_mib is nvidia-smi's memory.total for the card; fp8_kv is whether
 # vLLM's default attention backend there takes an fp8 KV cache (Ada and Hopper: yes).
 HARDWARE_PROFILES = {
-    'L40S': {'name': 'NVIDIA L40S', 'memory_mib': 46068, 'arch': 'ada', 'fp8_kv': True,
-             'gpu_memory_utilization': 0.90, 'max_num_batched_tokens': 4096, 'max_num_seqs_cap': 256},
-    'A100-80GB': {'name': 'NVIDIA A100-SXM4-80GB', 'other_names': ['NVIDIA A100 80GB PCIe'], 'memory_mib': 81920, 'arch': 'ampere', 'fp8_kv': False,
-                  'gpu_memory_utilization': 0.92, 'max_num_batched_tokens': 8192, 'max_num_seqs_cap': 512},
-    'H100-80GB': {'name': 'NVIDIA H100 80GB HBM3', 'memory_mib': 81559, 'arch': 'hopper', 'fp8_kv': True,
-                  'gpu_memory_utilization': 0.92, 'max_num_batched_tokens': 8192, 'max_num_seqs_cap': 512},
-    'H200': {'name': 'NVIDIA H200', 'memory_mib': 143771, 'arch': 'hopper', 'fp8_kv': True,
-             'gpu_memory_utilization': 0.92, 'max_num_batched_tokens': 8192, 'max_num_seqs_cap': 1024},
-    'RTX-A6000': {'name': 'NVIDIA RTX A6000', 'memory_mib': 49140, 'arch': 'ampere', 'fp8_kv': False,
-                  'gpu_memory_utilization': 0.90, 'max_num_batched_tokens': 4096, 'max_num_seqs_cap': 256},
-    'RTX-4090': {'name': 'NVIDIA GeForce RTX 4090', 'memory_mib': 24564, 'arch': 'ada', 'fp8_kv': True,
-                 'gpu_memory_utilization': 0.90, 'max_num_batched_tokens': 2048, 'max_num_seqs_cap': 128},
+    "L40S": {
+        "name": "NVIDIA L40S",
+        "memory_mib": 46068,
+        "arch": "ada",
+        "fp8_kv": True,
+        "gpu_memory_utilization": 0.90,
+        "max_num_batched_tokens": 4096,
+        "max_num_seqs_cap": 256,
+    },
+    "A100-80GB": {
+        "name": "NVIDIA A100-SXM4-80GB",
+        "other_names": ["NVIDIA A100 80GB PCIe"],
+        "memory_mib": 81920,
+        "arch": "ampere",
+        "fp8_kv": False,
+        "gpu_memory_utilization": 0.92,
+        "max_num_batched_tokens": 8192,
+        "max_num_seqs_cap": 512,
+    },
+    "H100-80GB": {
+        "name": "NVIDIA H100 80GB HBM3",
+        "memory_mib": 81559,
+        "arch": "hopper",
+        "fp8_kv": True,
+        "gpu_memory_utilization": 0.92,
+        "max_num_batched_tokens": 8192,
+        "max_num_seqs_cap": 512,
+    },
+    "H200": {
+        "name": "NVIDIA H200",
+        "memory_mib": 143771,
+        "arch": "hopper",
+        "fp8_kv": True,
+        "gpu_memory_utilization": 0.92,
+        "max_num_batched_tokens": 8192,
+        "max_num_seqs_cap": 1024,
+    },
+    "RTX-A6000": {
+        "name": "NVIDIA RTX A6000",
+        "memory_mib": 49140,
+        "arch": "ampere",
+        "fp8_kv": False,
+        "gpu_memory_utilization": 0.90,
+        "max_num_batched_tokens": 4096,
+        "max_num_seqs_cap": 256,
+    },
+    "RTX-4090": {
+        "name": "NVIDIA GeForce RTX 4090",
+        "memory_mib": 24564,
+        "arch": "ada",
+        "fp8_kv": True,
+        "gpu_memory_utilization": 0.90,
+        "max_num_batched_tokens": 2048,
+        "max_num_seqs_cap": 128,
+    },
 }
 HARDWARE_ALIASES = {
-    'A100': 'A100-80GB', 'A100 80GB': 'A100-80GB', 'H100': 'H100-80GB', 'H100 80GB': 'H100-80GB',
-    'H200 141GB': 'H200', 'RTX A6000': 'RTX-A6000', 'A6000': 'RTX-A6000', 'RTX 4090': 'RTX-4090',
-    '4090': 'RTX-4090', 'L40S 48GB': 'L40S',
+    "A100": "A100-80GB",
+    "A100 80GB": "A100-80GB",
+    "H100": "H100-80GB",
+    "H100 80GB": "H100-80GB",
+    "H200 141GB": "H200",
+    "RTX A6000": "RTX-A6000",
+    "A6000": "RTX-A6000",
+    "RTX 4090": "RTX-4090",
+    "4090": "RTX-4090",
+    "L40S 48GB": "L40S",
 }
 
 # Per-model serving profiles. max_model_len is pinned from the expected prompt p99 plus the output
 # budget (seed 001: p99 11k -> 16384), not left at the model's 128k default.
 MODEL_SERVING = {
-    'Llama-3.3-70B-Instruct': {'max_model_len': 16384, 'expected_request_len': 8192, 'kv_cache_dtype': 'auto'},
-    'Llama-3.3-70B-Instruct-FP8': {'max_model_len': 16384, 'expected_request_len': 8192,
-                                   'kv_cache_dtype': 'fp8'},
-    'Llama-3.1-70B-Instruct': {'max_model_len': 16384, 'expected_request_len': 8192, 'kv_cache_dtype': 'auto'},
-    'Llama-3.1-8B-Instruct': {'max_model_len': 16384, 'expected_request_len': 4096, 'kv_cache_dtype': 'auto'},
-    'Qwen2.5-72B-Instruct': {'max_model_len': 16384, 'expected_request_len': 8192, 'kv_cache_dtype': 'auto'},
-    'DeepSeek-V2-Lite-Chat': {'max_model_len': 16384, 'expected_request_len': 4096, 'kv_cache_dtype': 'auto',
-                              'trust_remote_code': True},
+    "Llama-3.3-70B-Instruct": {"max_model_len": 16384, "expected_request_len": 8192, "kv_cache_dtype": "auto"},
+    "Llama-3.3-70B-Instruct-FP8": {"max_model_len": 16384, "expected_request_len": 8192, "kv_cache_dtype": "fp8"},
+    "Llama-3.1-70B-Instruct": {"max_model_len": 16384, "expected_request_len": 8192, "kv_cache_dtype": "auto"},
+    "Llama-3.1-8B-Instruct": {"max_model_len": 16384, "expected_request_len": 4096, "kv_cache_dtype": "auto"},
+    "Qwen2.5-72B-Instruct": {"max_model_len": 16384, "expected_request_len": 8192, "kv_cache_dtype": "auto"},
+    "DeepSeek-V2-Lite-Chat": {
+        "max_model_len": 16384,
+        "expected_request_len": 4096,
+        "kv_cache_dtype": "auto",
+        "trust_remote_code": True,
+    },
 }
 
 # The config keys the role always writes, in this order.
-CONFIG_KEYS = ('model', 'served_model_name', 'host', 'port', 'tensor_parallel_size', 'pipeline_parallel_size',
-               'dtype', 'kv_cache_dtype', 'gpu_memory_utilization', 'max_model_len', 'block_size',
-               'max_num_batched_tokens', 'max_num_seqs', 'enable_prefix_caching', 'shutdown_timeout')
+CONFIG_KEYS = (
+    "model",
+    "served_model_name",
+    "host",
+    "port",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "dtype",
+    "kv_cache_dtype",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "block_size",
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "enable_prefix_caching",
+    "shutdown_timeout",
+)
 
 
 class ServingError(ValueError):
@@ -81,16 +166,61 @@ class ServingError(ValueError):
 
 
 def norm_key(key):
-    return str(key).strip().lstrip('-').replace('-', '_')
+    return str(key).strip().lstrip("-").replace("-", "_")
+
+
+def secret_setting(key):
+    """Whether a setting's name looks like a secret (its last word is token/key/..., or it names a
+    secret or password anywhere): ``api_key``, ``hf_token``, but not ``max_num_batched_tokens``,
+    ``long_prefill_token_threshold`` or ``ssl_keyfile`` (a path)."""
+    return bool(_SECRET_KEY.search(norm_key(key).lower()))
+
+
+def check_settings(settings):
+    """Refuse, before anything is written, settings that cannot go into the 0644 ``config.yaml``.
+
+    In this order: settings the pinned release removed (naming what replaced them), secret-looking
+    settings (config.yaml is world-readable and shown by ``--diff``: secrets go to the 0600 secrets
+    file), and keys ``vllm serve`` of the pinned release does not know (``_vllm_options``). The
+    messages name the settings, never their values.
+    """
+    gone = removed_settings(settings)
+    if gone:
+        raise ServingError("vLLM %s no longer has these settings: %s" % (VLLM_VERSION, "; ".join(gone)))
+    secrets = [key for key in (settings or {}) if secret_setting(key)]
+    if secrets:
+        hints = []
+        for key in secrets:
+            var = SECRET_SETTINGS.get(norm_key(key))
+            hints.append(
+                "%s: set %s instead" % (key, var)
+                if var
+                else "%s: pass it to vLLM through its environment, not config.yaml" % key
+            )
+        raise ServingError(
+            "secret-looking settings are refused (their values are not shown): config.yaml is "
+            "world-readable (0644) and printed by --diff, secrets go only to the 0600 secrets "
+            "file; %s" % "; ".join(hints)
+        )
+    unknown = [key for key in (settings or {}) if norm_key(key) not in _vllm_options.VLLM_SERVE_OPTIONS]
+    if unknown:
+        hints = [
+            "%s (%s)" % (key, PLANNER_SETTINGS[norm_key(key)]) if norm_key(key) in PLANNER_SETTINGS else str(key)
+            for key in unknown
+        ]
+        raise ServingError(
+            "`vllm serve` %s has no option %s; check the spelling against `vllm serve --help` "
+            "of that release (settings are its long options, dashes or underscores)" % (VLLM_VERSION, ", ".join(hints))
+        )
 
 
 def removed_settings(config):
     """Messages for each removed setting in a config dict (keys with dashes or underscores)."""
     found = []
-    for key in (config or {}):
+    for key in config or {}:
         k = norm_key(key)
         if k in REMOVED_SETTINGS:
-            found.append('%s: %s' % (key, REMOVED_SETTINGS[k]))
+            found.append("%s: %s" % (key, REMOVED_SETTINGS[k]))
     return found
 
 
@@ -99,224 +229,174 @@ def hardware_profile(name):
     if key not in HARDWARE_PROFILES:
         # an nvidia-smi product name such as "NVIDIA L40S"
         for pname, prof in HARDWARE_PROFILES.items():
-            if str(name).lower() in [n.lower() for n in [prof['name']] + prof.get('other_names', [])]:
+            if str(name).lower() in [n.lower() for n in [prof["name"]] + prof.get("other_names", [])]:
                 return pname, dict(prof)
-        raise ServingError('unknown GPU hardware profile %r; known: %s'
-                           % (name, ', '.join(sorted(HARDWARE_PROFILES))))
+        raise ServingError("unknown GPU hardware profile %r; known: %s" % (name, ", ".join(sorted(HARDWARE_PROFILES))))
     return key, dict(HARDWARE_PROFILES[key])
 
 
 def default_tensor_parallel(arch, gpu_count):
     """The largest power of two <= gpu_count that divides the attention heads."""
-    heads = int(arch.get('num_attention_heads') or 1)
+    heads = int(arch.get("num_attention_heads") or 1)
     tp = 1
     while tp * 2 <= int(gpu_count) and heads % (tp * 2) == 0:
         tp *= 2
     return tp
 
 
-def serve_config(model, gpu, gpu_count, overrides=None, host='127.0.0.1', port=8000, served_model_name=None,
-                 gpu_memory_mib=None, oversubscription_factor=1.0, shutdown_timeout=30, reserves=None):
-    """Build the ``vllm serve --config`` dict and the planner's arguments.
+def serve_config(
+    model,
+    gpu,
+    gpu_count,
+    overrides=None,
+    host="127.0.0.1",
+    port=8000,
+    served_model_name=None,
+    gpu_memory_mib=None,
+    oversubscription_factor=1.0,
+    shutdown_timeout=30,
+    reserves=None,
+    expected_request_len=None,
+):
+    """Build the ``vllm serve --config`` dict and its KV-cache plan, computed once.
 
-    ``overrides`` are the user's settings (keys with dashes or underscores); an override of ``auto`` or
-    None keeps the derived value. Returns ``{'config': {...}, 'plan_args': {...},
-    'expected_request_len': N}``. Raises :class:`ServingError` on removed settings.
+    ``overrides`` are the user's settings (keys with dashes or underscores): each must be a ``vllm
+    serve`` option of the pinned release (:func:`check_settings`); an override of ``auto`` or None
+    keeps the derived value. Returns ``{'config': {...}, 'plan': <_kvplan.plan() of plan_args>,
+    'plan_args': {...}, 'expected_request_len': N, 'hardware': ..., 'model': ...}``. Raises
+    :class:`ServingError` on refused settings and :class:`_kvplan.PlanError` on bad numbers, each
+    naming the setting.
     """
-    gone = removed_settings(overrides)
+    check_settings(overrides)
     overrides = {norm_key(k): v for k, v in (overrides or {}).items()}
-    if gone:
-        raise ServingError('vLLM %s no longer has these settings: %s' % (VLLM_VERSION, '; '.join(gone)))
     name, arch = _kvplan.resolve_model(model)
     hw_name, hw = hardware_profile(gpu)
     serving = dict(MODEL_SERVING.get(name, {}))
-    mem = int(gpu_memory_mib or hw['memory_mib'])
+    gpu_count = _kvplan.count("gpu_count", gpu_count)
+    if gpu_count is None:
+        raise ServingError("gpu_count is required: the number of GPUs vLLM may use on the node")
+    mem = _kvplan.count("gpu_memory_mib", gpu_memory_mib or None, hw["memory_mib"])
 
     def pick(key, derived):
         value = overrides.get(key)
-        return derived if value in (None, '', 'auto') or (key != 'kv_cache_dtype' and value == 'auto') else value
+        return derived if value in (None, "", "auto") or (key != "kv_cache_dtype" and value == "auto") else value
 
-    tp = int(pick('tensor_parallel_size', default_tensor_parallel(arch, gpu_count)))
-    pp = int(pick('pipeline_parallel_size', 1))
-    if tp * pp > int(gpu_count):
-        raise ServingError('tensor_parallel_size %d x pipeline_parallel_size %d needs %d GPUs, the node has %d'
-                           % (tp, pp, tp * pp, int(gpu_count)))
-    kv_dtype = serving.get('kv_cache_dtype', 'auto')
-    if kv_dtype.startswith('fp8') and not hw['fp8_kv']:
-        kv_dtype = 'auto'
-    kv_dtype = pick('kv_cache_dtype', kv_dtype)
-    max_model_len = int(pick('max_model_len', serving.get('max_model_len') or
-                             min(int(arch.get('max_position_embeddings') or 8192), 16384)))
-    expected = int(pick('expected_request_len', serving.get('expected_request_len') or max_model_len // 2))
-    block_size = int(pick('block_size', 16))
-    mnbt = int(pick('max_num_batched_tokens', hw['max_num_batched_tokens']))
-    util = float(pick('gpu_memory_utilization', hw['gpu_memory_utilization']))
-    dtype = pick('dtype', _kvplan.model_dtype(arch))
+    def pick_count(key, derived):
+        return _kvplan.count(key, pick(key, derived))
+
+    tp = pick_count("tensor_parallel_size", default_tensor_parallel(arch, gpu_count))
+    pp = pick_count("pipeline_parallel_size", 1)
+    if tp * pp > gpu_count:
+        raise ServingError(
+            "tensor_parallel_size %d x pipeline_parallel_size %d needs %d GPUs, the node has %d"
+            % (tp, pp, tp * pp, gpu_count)
+        )
+    kv_dtype = serving.get("kv_cache_dtype", "auto")
+    if kv_dtype.startswith("fp8") and not hw["fp8_kv"]:
+        kv_dtype = "auto"
+    kv_dtype = pick("kv_cache_dtype", kv_dtype)
+    max_model_len = pick_count(
+        "max_model_len", serving.get("max_model_len") or min(int(arch.get("max_position_embeddings") or 8192), 16384)
+    )
+    expected = _kvplan.count(
+        "expected_request_len", expected_request_len, serving.get("expected_request_len") or max(1, max_model_len // 2)
+    )
+    block_size = pick_count("block_size", 16)
+    mnbt = pick_count("max_num_batched_tokens", hw["max_num_batched_tokens"])
+    util = pick("gpu_memory_utilization", hw["gpu_memory_utilization"])
+    util = _kvplan.positive_number("gpu_memory_utilization", util, upper=1)
+    factor = _kvplan.positive_number("oversubscription_factor", oversubscription_factor, 1.0)
+    dtype = pick("dtype", _kvplan.model_dtype(arch))
     reserves = dict(reserves or {})
+    unknown = sorted(set(reserves) - {"activation_bytes", "cuda_graph_bytes", "non_torch_bytes"})
+    if unknown:
+        raise ServingError(
+            "unknown planner reserves %s; known: activation_bytes, cuda_graph_bytes, "
+            "non_torch_bytes" % ", ".join(map(str, unknown))
+        )
 
-    plan_args = dict(model=model if isinstance(model, dict) else name, gpu_memory_mib=mem,
-                     tensor_parallel_size=tp, pipeline_parallel_size=pp, gpu_memory_utilization=util,
-                     kv_cache_dtype=kv_dtype, dtype=dtype, max_model_len=max_model_len,
-                     max_num_batched_tokens=mnbt, block_size=block_size, expected_request_len=expected,
-                     oversubscription_factor=float(oversubscription_factor),
-                     enforce_eager=bool(overrides.get('enforce_eager', False)))
-    if overrides.get('kv_cache_memory_bytes'):
-        plan_args['kv_cache_memory_bytes'] = int(overrides['kv_cache_memory_bytes'])
-    for key in ('activation_bytes', 'cuda_graph_bytes', 'non_torch_bytes'):
+    plan_args = dict(
+        model=model if isinstance(model, dict) else name,
+        gpu_memory_mib=mem,
+        gpu_count=gpu_count,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        gpu_memory_utilization=util,
+        kv_cache_dtype=kv_dtype,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=mnbt,
+        block_size=block_size,
+        expected_request_len=expected,
+        oversubscription_factor=factor,
+        enforce_eager=bool(overrides.get("enforce_eager", False)),
+    )
+    if pick("kv_cache_memory_bytes", None) is not None:
+        plan_args["kv_cache_memory_bytes"] = _kvplan.count("kv_cache_memory_bytes", overrides["kv_cache_memory_bytes"])
+    for key in ("activation_bytes", "cuda_graph_bytes", "non_torch_bytes"):
         if reserves.get(key) is not None:
-            plan_args[key] = int(reserves[key])
+            plan_args[key] = _kvplan.reserve(key, reserves[key])
 
-    seqs = overrides.get('max_num_seqs')
-    if seqs in (None, '', 'auto'):
+    seqs = pick("max_num_seqs", None)
+    if seqs is None:
         # as many sequences of the expected length as the pool holds, within the hardware's cap
-        probe = _kvplan.plan(max_num_seqs=hw['max_num_seqs_cap'], **plan_args)
-        fit = int(probe['kv_capacity_blocks'] * block_size * float(oversubscription_factor) // expected)
-        seqs = max(1, min(hw['max_num_seqs_cap'], fit))
-    plan_args['max_num_seqs'] = int(seqs)
+        probe = _kvplan.plan(max_num_seqs=hw["max_num_seqs_cap"], **plan_args)
+        fit = int(probe["kv_capacity_blocks"] * block_size * factor // expected)
+        seqs = max(1, min(hw["max_num_seqs_cap"], fit))
+    plan_args["max_num_seqs"] = _kvplan.count("max_num_seqs", seqs)
+    plan = _kvplan.plan(**plan_args)
 
     config = {
-        'model': arch.get('hf_id') or name,
-        'served_model_name': served_model_name or name,
-        'host': host,
-        'port': int(port),
-        'tensor_parallel_size': tp,
-        'pipeline_parallel_size': pp,
-        'dtype': dtype,
-        'kv_cache_dtype': kv_dtype,
-        'gpu_memory_utilization': util,
-        'max_model_len': max_model_len,
-        'block_size': block_size,
-        'max_num_batched_tokens': mnbt,
-        'max_num_seqs': int(seqs),
-        'enable_prefix_caching': bool(pick('enable_prefix_caching', True)),
-        'shutdown_timeout': int(pick('shutdown_timeout', shutdown_timeout)),
+        "model": arch.get("hf_id") or name,
+        "served_model_name": served_model_name or name,
+        "host": host,
+        "port": _kvplan.integer("port", pick("port", port), 1, "a TCP port (1-65535)"),
+        "tensor_parallel_size": tp,
+        "pipeline_parallel_size": pp,
+        "dtype": dtype,
+        "kv_cache_dtype": kv_dtype,
+        "gpu_memory_utilization": util,
+        "max_model_len": max_model_len,
+        "block_size": block_size,
+        "max_num_batched_tokens": mnbt,
+        "max_num_seqs": plan_args["max_num_seqs"],
+        "enable_prefix_caching": bool(pick("enable_prefix_caching", True)),
+        "shutdown_timeout": _kvplan.integer(
+            "shutdown_timeout", pick("shutdown_timeout", shutdown_timeout), 0, "a non-negative number of seconds"
+        ),
     }
-    if serving.get('trust_remote_code'):
-        config['trust_remote_code'] = True
+    if config["port"] > 65535:
+        raise ServingError("port must be a TCP port (1-65535), got %d" % config["port"])
+    if serving.get("trust_remote_code"):
+        config["trust_remote_code"] = True
+    # the numbers checked above are already in config as numbers; other settings go in as given
+    checked = (
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "gpu_memory_utilization",
+        "max_model_len",
+        "block_size",
+        "max_num_batched_tokens",
+        "max_num_seqs",
+        "kv_cache_memory_bytes",
+        "port",
+        "shutdown_timeout",
+    )
     for key, value in overrides.items():
-        if key in ('expected_request_len',) or key in config and value in (None, '', 'auto'):
-            continue
-        if value is None:
+        if value is None or key in checked or key in config and value in ("", "auto"):
             continue
         config[key] = value
-    if 'kv_cache_memory_bytes' in config:
-        config.pop('gpu_memory_utilization', None)
-    return {'config': config, 'plan_args': plan_args, 'expected_request_len': expected,
-            'hardware': hw_name, 'model': name}
-
-
-# --- runtime environment ----------------------------------------------------------------------
-
-# NCCL_P2P_LEVEL values, narrowest first. NODE and SYS cross host bridges or the CPU interconnect:
-# the derived level never opens P2P across them (set it yourself if you measured that it helps).
-_PCIE_ORDER = ('PIX', 'PXB', 'PHB')
-_ENV_NAME = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*$')
-
-
-def _is_rdma_nic(nic):
-    if isinstance(nic, dict):
-        if 'rdma' in nic:
-            return bool(nic['rdma'])
-        cls = str(nic.get('class', nic.get('class_id', ''))).lower().replace('0x', '')
-        vendor = str(nic.get('vendor', nic.get('vendor_id', ''))).lower().replace('0x', '')
-        if cls.startswith('0207'):
-            return True
-        if cls.startswith('0200') and vendor == '15b3':
-            return True
-        if cls or vendor:
-            driver = str(nic.get('driver') or '')
-            return driver.startswith('mlx5') or driver in ('irdma', 'bnxt_re', 'efa')
-    # pcie_acs_info lists only RDMA NICs in `nics`: an entry without class data is one
-    return True
-
-
-def p2p_level(links):
-    """NCCL_P2P_LEVEL for a GPU links matrix ``{"GPU0": {"GPU1": "PIX"}}``; None when NCCL should decide.
-
-    All pairs on NVLink: ``NVL``. Otherwise the widest PCIe path (PIX < PXB < PHB) that some pair needs,
-    so every pair under one CPU's host bridge may use P2P; pairs across NODE/SYS do not raise it.
-    """
-    pairs = []
-    for a, row in (links or {}).items():
-        for b, kind in (row or {}).items():
-            if a == b or str(kind).upper() in ('X', ''):
-                continue
-            pairs.append(str(kind).upper())
-    if not pairs:
-        return None
-    if all(k.startswith('NV') for k in pairs):
-        return 'NVL'
-    pcie = [k for k in pairs if k in _PCIE_ORDER]
-    if not pcie:
-        return None
-    return max(pcie, key=_PCIE_ORDER.index)
-
-
-def runtime_env(topology=None, nics=None, rdma='auto', nccl_debug=None, user_env=None,
-                alloc_conf='expandable_segments:True'):
-    """The env for GPU services. Returns ``{'env': {...}, 'why': {...}, 'warnings': [...]}``.
-
-    User values (``user_env``) always win; a user value of None removes a derived variable.
-    """
-    env, why, warnings = {}, {}, []
-    if alloc_conf:
-        env['PYTORCH_CUDA_ALLOC_CONF'] = alloc_conf
-        why['PYTORCH_CUDA_ALLOC_CONF'] = ('expandable segments against fragmentation; vLLM turns them off '
-                                          'while its memory pool is active and drops other options')
-    gpus = (topology or {}).get('gpus') or []
-    level = p2p_level((topology or {}).get('links'))
-    if level:
-        env['NCCL_P2P_LEVEL'] = level
-        why['NCCL_P2P_LEVEL'] = 'widest GPU-to-GPU link under one host bridge in the measured topology'
-    has_rdma = None
-    if rdma in (True, False):
-        has_rdma = rdma
-    elif str(rdma).lower() in ('true', 'yes', '1'):
-        has_rdma = True
-    elif str(rdma).lower() in ('false', 'no', '0'):
-        has_rdma = False
-    elif nics is not None:
-        has_rdma = any(_is_rdma_nic(n) for n in nics)
-    if has_rdma is False and (len(gpus) != 1):
-        env['NCCL_IB_DISABLE'] = '1'
-        why['NCCL_IB_DISABLE'] = 'the node has no RDMA NIC'
-    if nccl_debug:
-        env['NCCL_DEBUG'] = str(nccl_debug).upper()
-        why['NCCL_DEBUG'] = 'asked for (debugging)'
-    for key, value in (user_env or {}).items():
-        if not _ENV_NAME.match(str(key)):
-            raise ServingError('invalid environment variable name %r' % key)
-        if value is None:
-            env.pop(key, None)
-            why.pop(key, None)
-            continue
-        value = str(value).lower() if isinstance(value, bool) else str(value)
-        env[key] = value
-        why[key] = 'set by the user'
-    for key, value in env.items():
-        if any(c in value for c in '\n\r"\'\\') or value != value.strip():
-            raise ServingError('%s=%r cannot be written to an env file read by both systemd and docker '
-                               '(no quotes, backslashes, newlines or surrounding spaces)' % (key, value))
-    alloc = env.get('PYTORCH_CUDA_ALLOC_CONF', '')
-    extra = [o for o in alloc.split(',') if o and not o.startswith('expandable_segments')]
-    if extra:
-        warnings.append('PYTORCH_CUDA_ALLOC_CONF options %s do not survive vLLM\'s memory pool (it keeps only '
-                        'expandable_segments)' % ','.join(extra))
-    return {'env': env, 'why': why, 'warnings': warnings}
-
-
-def parse_env_file(text):
-    """KEY=value lines (systemd EnvironmentFile / docker --env-file); comments and blanks skipped."""
-    env = {}
-    for num, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith('#'):
-            continue
-        key, sep, value = line.partition('=')
-        if not sep or not _ENV_NAME.match(key):
-            raise ValueError('line %d is not KEY=value: %r' % (num, line))
-        env[key] = value
-    return env
+    if "kv_cache_memory_bytes" in plan_args:
+        config["kv_cache_memory_bytes"] = plan_args["kv_cache_memory_bytes"]
+        config.pop("gpu_memory_utilization", None)
+    return {
+        "config": config,
+        "plan": plan,
+        "plan_args": plan_args,
+        "expected_request_len": expected,
+        "hardware": hw_name,
+        "model": name,
+    }
 
 
 def stop_timeout(shutdown_timeout, margin=60):

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-DOCUMENTATION = r'''
+DOCUMENTATION = r"""
 ---
 module: vllm_memory_plan
 short_description: Plan vLLM's KV-cache memory for a model on a node's GPUs
@@ -17,9 +17,14 @@ description:
   - KV bytes per token and layer are C(2 x kv_heads x head_dim x dtype bytes) with the KV heads split
     across tensor-parallel ranks (replicated when there are fewer heads than ranks); MLA models
     (C(kv_lora_rank) set) cache C((kv_lora_rank + qk_rope_head_dim) x dtype bytes) on every rank.
-  - Reports a misfit in RV(fits) and RV(reasons) and never fails on it; the caller (the
-    P(gpufleet.node.vllm_server#role) role) is what refuses. It fails only when the inputs describe
-    no plan (unknown profile, missing config field, heads not divisible by the TP size).
+  - Reports a misfit in RV(fits) and RV(reasons) and never fails on it; the caller is what refuses.
+    It fails when the inputs describe no plan (unknown profile, missing config field, heads not
+    divisible by the TP size) and on bad numbers, naming the option - every count (sizes, lengths,
+    sequences, O(block_size), the model's layers and heads) must be a positive integer and every
+    reserve a non-negative number of bytes; an unset option takes its default, a zero or negative
+    one is refused, never replaced.
+  - The P(gpufleet.node.vllm_server#role) role plans with the same computation (filter
+    C(gpufleet.node.vllm_serve_config)), once, on the controller.
   - Pure computation, runs anywhere; changes nothing.
 version_added: 0.1.0
 author:
@@ -37,6 +42,11 @@ options:
         overrides some of its fields.
     type: raw
     required: true
+  gpu_count:
+    description:
+      - GPUs on the node, reported as C(gpus) of RV(plan.per_node); the plan is refused when
+        O(tensor_parallel_size) x O(pipeline_parallel_size) needs more. Default the engine's GPUs.
+    type: int
   gpu_memory_mib:
     description:
       - Memory of one GPU in MiB, as nvidia-smi's C(memory.total) (for example C(46068) for an L40S,
@@ -112,13 +122,8 @@ options:
     description: Non-torch memory per GPU in bytes (CUDA context, NCCL). Default 0.5 GiB on one GPU,
       1 GiB with tensor or pipeline parallelism.
     type: int
-attributes:
-  check_mode:
-    support: full
-    description: Pure computation; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing is changed, so there is no diff.
+extends_documentation_fragment:
+  - gpufleet.node.attributes.read_only
 notes:
   - The reserves are estimates of what vLLM measures on the GPU at start-up; figures from vLLM's
     own logs are 0.15-3.6 GiB of non-torch memory and 0.4-1.3 GiB of activations for 8B-70B models.
@@ -127,9 +132,9 @@ seealso:
   - name: vLLM conserving memory
     description: What the KV-cache settings mean.
     link: https://docs.vllm.ai/en/latest/configuration/conserving_memory/
-'''
+"""
 
-EXAMPLES = r'''
+EXAMPLES = r"""
 - name: Plan Llama 3.3 70B on four L40S
   gpufleet.node.vllm_memory_plan:
     model: Llama-3.3-70B-Instruct
@@ -153,9 +158,9 @@ EXAMPLES = r'''
                | combine({'num_parameters': 8030261248}) }}"
     gpu_memory_mib: "{{ ansible_facts.gpu_topology.gpus | map(attribute='memory_total_mib') | min }}"
     max_model_len: 8192
-'''
+"""
 
-RETURN = r'''
+RETURN = r"""
 kv_bytes_per_token:
   description: KV-cache bytes per token of the whole model (all layers, all KV heads, no replication).
   returned: always
@@ -235,11 +240,11 @@ plan:
       type: dict
       sample: {"weight_bytes": 35276853248, "kv_pool_bytes": 8246001254, "kv_heads": 2, "layers": 80}
     per_node:
-      description: For the engine's GPUs together - C(gpus), C(engine_gpus), C(total_bytes),
+      description: For the engine's GPUs together - C(gpus) (O(gpu_count) when given), C(engine_gpus), C(total_bytes),
         C(weight_bytes), C(kv_pool_bytes), C(kv_capacity_tokens).
       type: dict
       sample: {"engine_gpus": 4, "weight_bytes": 141107412992}
-'''
+"""
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -249,24 +254,25 @@ from ansible_collections.gpufleet.node.plugins.module_utils._kvplan import KV_CA
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            model=dict(type='raw', required=True),
-            gpu_memory_mib=dict(type='int', required=True),
-            tensor_parallel_size=dict(type='int', default=1),
-            pipeline_parallel_size=dict(type='int', default=1),
-            gpu_memory_utilization=dict(type='float', default=0.92),
-            kv_cache_memory_bytes=dict(type='int'),
-            kv_cache_dtype=dict(type='str', default='auto', choices=list(KV_CACHE_DTYPES)),
-            dtype=dict(type='str', default='auto', choices=['auto', 'bfloat16', 'float16', 'half', 'float32']),
-            max_model_len=dict(type='int'),
-            max_num_seqs=dict(type='int'),
-            max_num_batched_tokens=dict(type='int', no_log=False),
-            block_size=dict(type='int', default=16),
-            expected_request_len=dict(type='int'),
-            oversubscription_factor=dict(type='float', default=1.0),
-            enforce_eager=dict(type='bool', default=False),
-            activation_bytes=dict(type='int'),
-            cuda_graph_bytes=dict(type='int'),
-            non_torch_bytes=dict(type='int'),
+            model=dict(type="raw", required=True),
+            gpu_count=dict(type="int"),
+            gpu_memory_mib=dict(type="int", required=True),
+            tensor_parallel_size=dict(type="int", default=1),
+            pipeline_parallel_size=dict(type="int", default=1),
+            gpu_memory_utilization=dict(type="float", default=0.92),
+            kv_cache_memory_bytes=dict(type="int"),
+            kv_cache_dtype=dict(type="str", default="auto", choices=list(KV_CACHE_DTYPES)),
+            dtype=dict(type="str", default="auto", choices=["auto", "bfloat16", "float16", "half", "float32"]),
+            max_model_len=dict(type="int"),
+            max_num_seqs=dict(type="int"),
+            max_num_batched_tokens=dict(type="int", no_log=False),
+            block_size=dict(type="int", default=16),
+            expected_request_len=dict(type="int"),
+            oversubscription_factor=dict(type="float", default=1.0),
+            enforce_eager=dict(type="bool", default=False),
+            activation_bytes=dict(type="int"),
+            cuda_graph_bytes=dict(type="int"),
+            non_torch_bytes=dict(type="int"),
         ),
         supports_check_mode=True,
     )
@@ -274,22 +280,22 @@ def main():
     try:
         result = plan(**params)
     except PlanError as exc:
-        module.fail_json(msg='vllm_memory_plan: %s' % exc)
+        module.fail_json(msg="vllm_memory_plan: %s" % exc)
     module.exit_json(
         changed=False,
-        kv_bytes_per_token=result['kv_bytes_per_token'],
-        kv_bytes_per_token_per_gpu=result['kv_bytes_per_token_per_gpu'],
-        kv_capacity_tokens=result['kv_capacity_tokens'],
-        kv_capacity_blocks=result['kv_capacity_blocks'],
-        max_concurrency=result['max_concurrency'],
-        max_concurrency_expected=result['max_concurrency_expected'],
-        fits=result['fits'],
-        reasons=result['reasons'],
-        message=result['message'],
-        vllm_error=result['vllm_error'],
+        kv_bytes_per_token=result["kv_bytes_per_token"],
+        kv_bytes_per_token_per_gpu=result["kv_bytes_per_token_per_gpu"],
+        kv_capacity_tokens=result["kv_capacity_tokens"],
+        kv_capacity_blocks=result["kv_capacity_blocks"],
+        max_concurrency=result["max_concurrency"],
+        max_concurrency_expected=result["max_concurrency_expected"],
+        fits=result["fits"],
+        reasons=result["reasons"],
+        message=result["message"],
+        vllm_error=result["vllm_error"],
         plan=result,
     )
 
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     main()

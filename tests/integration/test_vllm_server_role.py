@@ -3,6 +3,7 @@
 config-only tag, both runtimes' units (systemd-analyze verify), secrets, refusals, check mode and
 idempotence. Services are not started here (vllm_server_manage_service: false): the lab fleet does
 that with systemd as PID 1."""
+
 from __future__ import annotations
 
 import json
@@ -18,6 +19,7 @@ import pytest
 import yaml
 
 from ansible_collections.gpufleet.node.plugins.module_utils import _vllm
+from tests import support
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "tests" / "integration" / "playbooks" / "vllm_server.yml"
@@ -37,15 +39,11 @@ def paths(tmp_path):
 
 def play(ansible_env, extra, *args):
     extra = dict(extra, ansible_python_interpreter=sys.executable)
-    return subprocess.run(
-        ["ansible-playbook", "-i", "localhost,", "-c", "local", str(PLAYBOOK), "-e", json.dumps(extra), *args],
-        cwd=REPO, env=ansible_env, capture_output=True, text=True, timeout=300)
+    return support.run_playbook(PLAYBOOK, *args, local=True, extra_vars=extra, env=ansible_env, timeout=300)
 
 
 def recap(proc):
-    match = re.search(r"localhost\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", proc.stdout)
-    assert match, proc.stdout + proc.stderr
-    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, match.groups())))
+    return proc.host("localhost")
 
 
 def files_under(root):
@@ -67,16 +65,22 @@ def verify_unit(unit, tmp_path, extra_units=()):
     units = tmp_path / "units"
     units.mkdir(exist_ok=True)
     for name in extra_units:
-        (units / name).write_text("[Unit]\nDescription=fake %s\n[Service]\nExecStart=%s\n"
-                                  % (name, fake_bin(tmp_path, "true-" + name)))
+        (units / name).write_text(
+            "[Unit]\nDescription=fake %s\n[Service]\nExecStart=%s\n" % (name, fake_bin(tmp_path, "true-" + name))
+        )
     env = dict(os.environ, SYSTEMD_UNIT_PATH="%s:" % units, SYSTEMD_LOG_COLOR="0")
     res = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, env=env)
     assert res.returncode == 0 and res.stdout + res.stderr == "", res.stdout + res.stderr
 
 
 def base(tmp_path, **kw):
-    extra = dict(paths(tmp_path), vllm_server_model="Llama-3.3-70B-Instruct", vllm_server_gpu="L40S",
-                 vllm_server_gpu_count=4, vllm_server_manage_service=False)
+    extra = dict(
+        paths(tmp_path),
+        vllm_server_model="Llama-3.3-70B-Instruct",
+        vllm_server_gpu="L40S",
+        vllm_server_gpu_count=4,
+        vllm_server_manage_service=False,
+    )
     extra.update(kw)
     return extra
 
@@ -98,9 +102,14 @@ def test_config_tag_writes_config_yaml_alone(ansible_env, tmp_path):
 
 
 def test_settings_override_and_extra_options(ansible_env, tmp_path):
-    extra = base(tmp_path, vllm_server_model="Llama-3.1-8B-Instruct", vllm_server_gpu="H100-80GB",
-                 vllm_server_gpu_count=1, vllm_server_port=8001,
-                 vllm_server_settings={"max-num-seqs": 64, "enable_log_requests": True})
+    extra = base(
+        tmp_path,
+        vllm_server_model="Llama-3.1-8B-Instruct",
+        vllm_server_gpu="H100-80GB",
+        vllm_server_gpu_count=1,
+        vllm_server_port=8001,
+        vllm_server_settings={"max-num-seqs": 64, "enable_log_requests": True},
+    )
     proc = play(ansible_env, extra, "--tags", "vllm_config")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cfg = yaml.safe_load((tmp_path / "host/etc/vllm/config.yaml").read_text())
@@ -109,8 +118,14 @@ def test_settings_override_and_extra_options(ansible_env, tmp_path):
 
 @pytest.mark.parametrize("runtime", ["native", "docker"])
 def test_full_role_writes_unit_secrets_and_config(ansible_env, tmp_path, runtime):
-    extra = base(tmp_path, vllm_server_runtime=runtime, vllm_server_hf_token=TOKEN, vllm_server_api_key=API_KEY,
-                 vllm_server_vllm_bin=fake_bin(tmp_path, "vllm"), vllm_server_docker_bin=fake_bin(tmp_path, "docker"))
+    extra = base(
+        tmp_path,
+        vllm_server_runtime=runtime,
+        vllm_server_hf_token=TOKEN,
+        vllm_server_api_key=API_KEY,
+        vllm_server_vllm_bin=fake_bin(tmp_path, "vllm"),
+        vllm_server_docker_bin=fake_bin(tmp_path, "docker"),
+    )
     proc = play(ansible_env, extra, "-v")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert TOKEN not in proc.stdout + proc.stderr and API_KEY not in proc.stdout + proc.stderr
@@ -121,25 +136,37 @@ def test_full_role_writes_unit_secrets_and_config(ansible_env, tmp_path, runtime
     assert files_under(host) == written
     secrets = host / "etc/vllm/secrets.env"
     assert stat.S_IMODE(secrets.stat().st_mode) == 0o600
-    assert _vllm.parse_env_file(secrets.read_text()) == {"HF_TOKEN": TOKEN, "VLLM_API_KEY": API_KEY}
+    assert support.parse_env_file(secrets.read_text()) == {"HF_TOKEN": TOKEN, "VLLM_API_KEY": API_KEY}
     unit = host / "etc/systemd/system/vllm.service"
     text = unit.read_text()
-    for line in ("Restart=on-failure", "LimitMEMLOCK=infinity", "TimeoutStopSec=95",
-                 "Wants=network-online.target\n",
-                 "EnvironmentFile=-%s" % extra["vllm_server_runtime_env_file"],
-                 "EnvironmentFile=%s" % secrets):
+    for line in (
+        "Restart=on-failure",
+        "LimitMEMLOCK=infinity",
+        "TimeoutStopSec=95",
+        "Wants=network-online.target\n",
+        "EnvironmentFile=-%s" % extra["vllm_server_runtime_env_file"],
+        "EnvironmentFile=%s" % secrets,
+    ):
         assert line in text
     assert re.search(r"^After=.*gpufleet-acs\.service", text, re.M)
     if runtime == "docker":
-        for arg in ("--gpus all", "--ipc=host", "--ulimit memlock=-1", "--env-file %s" % secrets,
-                    "--volume %s:/root/.cache/huggingface" % extra["vllm_server_hf_cache"],
-                    "vllm/vllm-openai:v0.33.0 --config %s/config.yaml" % extra["vllm_server_config_dir"]):
+        for arg in (
+            "--gpus all",
+            "--ipc=host",
+            "--ulimit memlock=-1",
+            "--env-file %s" % secrets,
+            "--volume %s:/root/.cache/huggingface" % extra["vllm_server_hf_cache"],
+            "vllm/vllm-openai:v0.33.0 --config %s/config.yaml" % extra["vllm_server_config_dir"],
+        ):
             assert arg in text
         assert "Requires=docker.service" in text
         verify_unit(unit, tmp_path, ["docker.service"])
     else:
-        assert "ExecStart=%s serve --config %s/config.yaml" % (extra["vllm_server_vllm_bin"],
-                                                               extra["vllm_server_config_dir"]) in text
+        assert (
+            "ExecStart=%s serve --config %s/config.yaml"
+            % (extra["vllm_server_vllm_bin"], extra["vllm_server_config_dir"])
+            in text
+        )
         verify_unit(unit, tmp_path)
     again = play(ansible_env, extra)
     assert recap(again)["changed"] == 0, again.stdout
@@ -154,8 +181,12 @@ def test_broken_unit_fails_verify(tmp_path):
 
 
 def test_docker_shm_size_instead_of_host_ipc(ansible_env, tmp_path):
-    extra = base(tmp_path, vllm_server_docker_ipc_host=False, vllm_server_docker_shm_size="32g",
-                 vllm_server_docker_bin=fake_bin(tmp_path, "docker"))
+    extra = base(
+        tmp_path,
+        vllm_server_docker_ipc_host=False,
+        vllm_server_docker_shm_size="32g",
+        vllm_server_docker_bin=fake_bin(tmp_path, "docker"),
+    )
     assert play(ansible_env, extra).returncode == 0
     text = (tmp_path / "host/etc/systemd/system/vllm.service").read_text()
     assert "--shm-size=32g" in text and "--ipc=host" not in text
@@ -177,7 +208,9 @@ def test_refusal_fails_the_host_with_numbers_and_touches_nothing(ansible_env, tm
     proc = play(ansible_env, extra, *tags)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert recap(proc)["failed"] == 1
-    assert "vllm_server refuses to write or start anything: does not fit: weights alone exceed the budget" in proc.stdout
+    assert (
+        "vllm_server refuses to write or start anything: does not fit: weights alone exceed the budget" in proc.stdout
+    )
     assert "131.42 GiB of weights per GPU" in proc.stdout
     assert files_under(tmp_path / "host") == before
     assert (cfg_dir / "config.yaml").read_text() == "# the config that serves today\nmodel: x\n"
@@ -202,9 +235,14 @@ def test_oversubscribed_concurrency_is_refused(ansible_env, tmp_path):
     assert ok.returncode == 0, ok.stdout
 
 
-@pytest.mark.parametrize("setting,replacement", [("swap_space", "preempts and recomputes"),
-                                                 ("calculate_kv_scales", "calibrated k/v scales"),
-                                                 ("disable-log-requests", "enable_log_requests")])
+@pytest.mark.parametrize(
+    "setting,replacement",
+    [
+        ("swap_space", "preempts and recomputes"),
+        ("calculate_kv_scales", "calibrated k/v scales"),
+        ("disable-log-requests", "enable_log_requests"),
+    ],
+)
 def test_removed_settings_are_refused_naming_the_replacement(ansible_env, tmp_path, setting, replacement):
     proc = play(ansible_env, base(tmp_path, vllm_server_settings={setting: 4}), "--tags", "vllm_config")
     assert proc.returncode == 2
@@ -231,20 +269,101 @@ def test_missing_inputs_say_what_to_set(ansible_env, tmp_path):
 
 def test_model_from_the_nodes_config_json(ansible_env, tmp_path):
     config_json = tmp_path / "config.json"
-    config_json.write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 16, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "head_dim": 64, "hidden_size": 2048, "intermediate_size": 8192,
-        "vocab_size": 128256, "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}))
-    extra = base(tmp_path, vllm_server_model="my-org/Small-Llama", vllm_server_gpu="RTX-4090",
-                 vllm_server_gpu_count=1, vllm_server_model_config_path=str(config_json),
-                 vllm_server_model_config={"num_parameters": 1235814400})
+    config_json.write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "num_hidden_layers": 16,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "head_dim": 64,
+                "hidden_size": 2048,
+                "intermediate_size": 8192,
+                "vocab_size": 128256,
+                "max_position_embeddings": 131072,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
+    extra = base(
+        tmp_path,
+        vllm_server_model="my-org/Small-Llama",
+        vllm_server_gpu="RTX-4090",
+        vllm_server_gpu_count=1,
+        vllm_server_model_config_path=str(config_json),
+        vllm_server_model_config={"num_parameters": 1235814400},
+    )
     proc = play(ansible_env, extra, "--tags", "vllm_config")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = (tmp_path / "host/etc/vllm/config.yaml").read_text()
     cfg = yaml.safe_load(text)
     assert (cfg["model"], cfg["served_model_name"], cfg["max_model_len"]) == ("my-org/Small-Llama",) * 2 + (16384,)
-    assert "32,768 B/token for the whole model" in text      # 2 x 16 x 8 x 64 x 2
+    assert "32,768 B/token for the whole model" in text  # 2 x 16 x 8 x 64 x 2
     # without the parameter count the planner cannot size the weights: the host fails, saying so
-    bad = play(ansible_env, dict(extra, vllm_server_model_config={}, vllm_server_config_dir=str(tmp_path / "x")),
-               "--tags", "vllm_config")
+    bad = play(
+        ansible_env,
+        dict(extra, vllm_server_model_config={}, vllm_server_config_dir=str(tmp_path / "x")),
+        "--tags",
+        "vllm_config",
+    )
     assert bad.returncode == 2 and "'num_parameters' is missing" in bad.stdout
+
+
+EVIL = "/tmp/gpufleet-evil.so"
+REFUSED = {  # host: (its variables, what the failure must say)
+    "tp_zero": (
+        {"vllm_server_settings": {"tensor_parallel_size": 0}},
+        "tensor_parallel_size must be a positive integer",
+    ),
+    "len_zero": ({"vllm_server_settings": {"max_model_len": 0}}, "max_model_len must be a positive integer"),
+    "len_negative": ({"vllm_server_settings": {"max-model-len": -5}}, "max_model_len must be a positive integer"),
+    "seqs_zero": ({"vllm_server_settings": {"max_num_seqs": 0}}, "max_num_seqs must be a positive integer"),
+    "seqs_negative": ({"vllm_server_settings": {"max_num_seqs": -1}}, "max_num_seqs must be a positive integer"),
+    "block_zero": ({"vllm_server_settings": {"block_size": 0}}, "block_size must be a positive integer"),
+    "no_heads": (
+        {"vllm_server_model_config": {"num_attention_heads": 0}},
+        "config field 'num_attention_heads' must be a positive integer",
+    ),
+    "negative_reserve": (
+        {"vllm_server_reserves": {"activation_bytes": -1073741824}},
+        "activation_bytes must be a non-negative integer number of bytes",
+    ),
+    "unknown_setting": ({"vllm_server_settings": {"max_num_seq": 8}}, "`vllm serve` 0.33.0 has no option max_num_seq"),
+    "secret_setting": ({"vllm_server_settings": {"api_key": API_KEY}}, "api_key: set vllm_server_api_key"),
+    "token_newline": (
+        {"vllm_server_hf_token": TOKEN + "\nLD_PRELOAD=" + EVIL},
+        "vllm_server_hf_token contains a newline",
+    ),
+    "name_newline": (
+        {"vllm_server_served_model_name": "llama\nExecStartPre=/bin/touch " + EVIL},
+        "vllm_server_served_model_name contains a newline",
+    ),
+    "cache_newline": (
+        {"vllm_server_hf_cache": "/var/cache/hf\nExecStartPre=/bin/touch " + EVIL},
+        "vllm_server_hf_cache contains a newline",
+    ),
+}
+
+
+def test_bad_numbers_secrets_and_injections_are_refused_before_anything_is_written(ansible_env, tmp_path):
+    """Issue 12, one host per case in one run (with --diff): each fails naming the input and what
+    to do, no file is written, and no secret or injected line appears in the output."""
+    hosts = {}
+    for name, (extra, _) in REFUSED.items():
+        hosts[name] = dict(
+            base(tmp_path / name, vllm_server_docker_bin=fake_bin(tmp_path, "docker")),
+            **extra,
+            ansible_connection="local",
+            ansible_python_interpreter=sys.executable,
+        )
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    proc = support.run_playbook(PLAYBOOK, "--diff", "--forks", "4", inventory=inventory, env=ansible_env)
+    assert proc.returncode == 2, proc.explain()
+    for name, (_, message) in REFUSED.items():
+        assert proc.host(name)["failed"] == 1, proc.explain()
+        # the YAML callback folds long messages and doubles single quotes
+        failures = re.sub(r"\s+", " ", " ".join(proc.host_failures(name))).replace("''", "'")
+        assert message in failures, "%s: %s" % (name, failures or proc.explain())
+        assert not (tmp_path / name / "host").exists(), files_under(tmp_path / name)
+    assert TOKEN not in proc.output and API_KEY not in proc.output and EVIL not in proc.output

@@ -6,6 +6,7 @@ rejects.
 The parser lives in a separate venv (vLLM without CUDA: `bash tests/vllm_parser/setup.sh`, default
 <repo>/.vllm-venv, or $GPUFLEET_VLLM_VENV). Without that venv these tests are skipped, saying so.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _kvplan, _vllm
+from ansible_collections.gpufleet.node.plugins.module_utils import _kvplan, _vllm, _vllm_options
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("GPUFLEET_VLLM_VENV", REPO / ".vllm-venv"))
@@ -27,15 +28,17 @@ PLAYBOOK = REPO / "tests" / "integration" / "playbooks" / "vllm_server.yml"
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not VPY.exists(), reason="vLLM parser venv %s is absent: create it with "
-                       "`bash tests/vllm_parser/setup.sh` (about 3 GB, a few minutes)" % VENV),
+    pytest.mark.skipif(
+        not VPY.exists(),
+        reason="vLLM parser venv %s is absent: create it with "
+        "`bash tests/vllm_parser/setup.sh` (about 3 GB, a few minutes)" % VENV,
+    ),
 ]
 
 
 def parse(files):
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
-    res = subprocess.run([str(VPY), str(PARSE), *map(str, files)], capture_output=True, text=True, env=env,
-                         timeout=600)
+    res = subprocess.run([str(VPY), str(PARSE), *map(str, files)], capture_output=True, text=True, env=env, timeout=600)
     results = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     assert len(results) == len(files), res.stdout + res.stderr
     return {r["file"]: r for r in results}
@@ -43,7 +46,7 @@ def parse(files):
 
 def smallest_fitting_count(model, gpu):
     for count in (1, 2, 4, 8):
-        if _kvplan.plan(**_vllm.serve_config(model, gpu, count)["plan_args"])["fits"]:
+        if _vllm.serve_config(model, gpu, count)["plan"]["fits"]:
             return count
     raise AssertionError("%s fits on no count of %s" % (model, gpu))
 
@@ -58,17 +61,26 @@ def rendered(tmp_path_factory, request):
         for gpu in sorted(_vllm.HARDWARE_PROFILES):
             name = ("%s__%s" % (model, gpu)).replace(".", "_")
             hosts[name] = {
-                "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-                "vllm_server_model": model, "vllm_server_gpu": gpu,
+                "ansible_connection": "local",
+                "ansible_python_interpreter": sys.executable,
+                "vllm_server_model": model,
+                "vllm_server_gpu": gpu,
                 "vllm_server_gpu_count": smallest_fitting_count(model, gpu),
-                "vllm_server_config_dir": str(tmp / name), "vllm_server_manage_service": False,
+                "vllm_server_config_dir": str(tmp / name),
+                "vllm_server_manage_service": False,
             }
     inventory = tmp / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     env["PATH"] = "%s:%s" % (Path(sys.executable).parent, env.get("PATH", ""))
-    proc = subprocess.run(["ansible-playbook", "-i", str(inventory), str(PLAYBOOK), "--tags", "vllm_config",
-                           "--forks", "4"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        ["ansible-playbook", "-i", str(inventory), str(PLAYBOOK), "--tags", "vllm_config", "--forks", "4"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr
     return {name: tmp / name / "config.yaml" for name in hosts}
 
@@ -108,3 +120,17 @@ def test_the_parser_check_can_fail(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: x\ntensor_parallel_size: four\n")
     assert not parse([bad])[str(bad)]["ok"]
+
+
+def test_the_collections_option_list_is_vllms():
+    """_vllm_options.VLLM_SERVE_OPTIONS (what the role accepts in vllm_server_settings) is exactly
+    the option set of the pinned release's own parser: regenerate it from `parse_config.py --options`."""
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
+    res = subprocess.run([str(VPY), str(PARSE), "--options"], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    real = set(json.loads(res.stdout.strip().splitlines()[-1]))
+    assert len(real) > 100
+    assert _vllm_options.VLLM_SERVE_OPTIONS_VERSION == _vllm.VLLM_VERSION
+    assert (
+        sorted(real - _vllm_options.VLLM_SERVE_OPTIONS) == [] and sorted(_vllm_options.VLLM_SERVE_OPTIONS - real) == []
+    )

@@ -5,7 +5,11 @@ Its configuration, PID file and admin runtime socket live in the state directory
 pool is the backend ``vllm_pool``, empty at start: the registration role adds servers with the
 runtime API (``add server vllm_pool/NODE ADDR:PORT check`` then ``enable server``, ``enable
 health``) and may also write them into the configuration file so a restart keeps the pool.
+
+The lab speaks the runtime API with the collection's one client (``_haproxy.RuntimeAPI``): it is a
+protocol client, not one of the classifiers the lab is there to check.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,6 +20,9 @@ import time
 from pathlib import Path
 
 from .preflight import LabError
+from .report import _collection_path
+
+_collection_path()  # the collection's _haproxy client, imported where it is used
 
 BACKEND = "vllm_pool"
 
@@ -81,9 +88,15 @@ class Balancer:
         }
 
     def write_config(self):
-        self.config.write_text(CONFIG.format(socket=self.socket, pidfile=self.pidfile,
-                                             port=self.spec["frontend_port"],
-                                             stats_port=self.spec["stats_port"], backend=BACKEND))
+        self.config.write_text(
+            CONFIG.format(
+                socket=self.socket,
+                pidfile=self.pidfile,
+                port=self.spec["frontend_port"],
+                stats_port=self.spec["stats_port"],
+                backend=BACKEND,
+            )
+        )
 
     def pid(self):
         try:
@@ -100,8 +113,9 @@ class Balancer:
         if self.pid():
             raise LabError(f"the lab's HAProxy is already running (PID {self.pid()})")
         haproxy = self.fleet.progs["haproxy"]
-        check = subprocess.run([haproxy, "-c", "-q", "-f", str(self.config)],
-                               capture_output=True, text=True, check=False)
+        check = subprocess.run(
+            [haproxy, "-c", "-q", "-f", str(self.config)], capture_output=True, text=True, check=False
+        )
         if check.returncode:
             raise LabError(f"HAProxy refuses {self.config}: {(check.stderr or check.stdout).strip()}")
         self.socket.unlink(missing_ok=True)
@@ -113,19 +127,26 @@ class Balancer:
             with open(procs_file, "w") as f:
                 f.write("0\n")
 
-        proc = subprocess.run([haproxy, "-D", "-f", str(self.config)], capture_output=True,
-                              text=True, check=False, stdin=subprocess.DEVNULL, cwd="/",
-                              preexec_fn=join_cgroup)
+        proc = subprocess.run(
+            [haproxy, "-D", "-f", str(self.config)],
+            capture_output=True,
+            text=True,
+            check=False,
+            stdin=subprocess.DEVNULL,
+            cwd="/",
+            preexec_fn=join_cgroup,
+        )
         if proc.returncode:
-            raise LabError(f"HAProxy did not start ({proc.returncode}): "
-                           f"{(proc.stderr or proc.stdout).strip()}")
+            raise LabError(f"HAProxy did not start ({proc.returncode}): {(proc.stderr or proc.stdout).strip()}")
+        from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import HAProxyError
+
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.pid() and self.socket.exists():
                 try:
                     self.command("show info")
                     return
-                except OSError:
+                except HAProxyError:
                     pass
             time.sleep(0.05)
         raise LabError(f"HAProxy started but its runtime socket {self.socket} does not answer")
@@ -143,18 +164,11 @@ class Balancer:
         self.pidfile.unlink(missing_ok=True)
 
     def command(self, line):
-        """One runtime API command over the admin socket; returns HAProxy's answer."""
-        with socket.socket(socket.AF_UNIX) as s:
-            s.settimeout(5)
-            s.connect(str(self.socket))
-            s.sendall(line.encode() + b"\n")
-            chunks = []
-            while True:
-                data = s.recv(65536)
-                if not data:
-                    break
-                chunks.append(data)
-        return b"".join(chunks).decode()
+        """One runtime API command over the admin socket; returns HAProxy's answer (raises
+        _haproxy.HAProxyError when the socket does not answer)."""
+        from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import RuntimeAPI
+
+        return RuntimeAPI(str(self.socket)).command(line)
 
     def state(self):
         return "running" if self.pid() else "stopped"

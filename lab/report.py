@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The fleet report: per node, what the playbooks left (gate verdict, pool membership) against
 what a correct run must leave (`expect_registered` of its profile)."""
+
 from __future__ import annotations
 
 import json
@@ -61,26 +62,41 @@ def gather(fleet, settle=6.0):
         gate = "no marker" if not marker else ("passed" if marker.get("passed") else "FAILED")
         if marker and marker.get("boot_id") != m.boot_id():
             gate += " (old boot)"
-        rows.append({
-            "name": name, "profile": m.spec["profile"], "expect_registered": m.spec["expect_registered"],
-            "registered": registered, "pool_state": server["state"] if server else "absent",
-            "health": server["op_state"] if server else "-", "gate": gate,
-            "busbw_gbps": marker.get("judged_busbw_gbps"), "threshold_gbps": marker.get("threshold_gbps"),
-            "reason": marker.get("reason") or "", "ok": registered == m.spec["expect_registered"],
-        })
+        rows.append(
+            {
+                "name": name,
+                "profile": m.spec["profile"],
+                "expect_registered": m.spec["expect_registered"],
+                "registered": registered,
+                "pool_state": server["state"] if server else "absent",
+                "health": server["op_state"] if server else "-",
+                "gate": gate,
+                "busbw_gbps": marker.get("judged_busbw_gbps"),
+                "threshold_gbps": marker.get("threshold_gbps"),
+                "reason": marker.get("reason") or "",
+                "ok": registered == m.spec["expect_registered"],
+            }
+        )
     return rows, pool_error
 
 
 def render(rows, pool_error=None):
-    lines = [f"{'NODE':<8} {'PROFILE':<18} {'GATE':<18} {'BUSBW/THRESHOLD GB/s':<21} {'POOL':<8} "
-             f"{'TRAFFIC':<8} {'EXPECTED':<9} VERDICT"]
+    lines = [
+        f"{'NODE':<8} {'PROFILE':<18} {'GATE':<18} {'BUSBW/THRESHOLD GB/s':<21} {'POOL':<8} "
+        f"{'TRAFFIC':<8} {'EXPECTED':<9} VERDICT"
+    ]
     for r in rows:
-        bw = (f"{r['busbw_gbps']:.1f} / {r['threshold_gbps']:.1f}"
-              if r["busbw_gbps"] is not None and r["threshold_gbps"] is not None else "-")
+        bw = (
+            f"{r['busbw_gbps']:.1f} / {r['threshold_gbps']:.1f}"
+            if r["busbw_gbps"] is not None and r["threshold_gbps"] is not None
+            else "-"
+        )
         # TRAFFIC: HAProxy's operational state (health check and the node's agent), for a member
         traffic = "-" if r["health"] == "-" else ("up" if r["health"] == "running" else "down")
-        lines.append(f"{r['name']:<8} {r['profile']:<18} {r['gate']:<18} {bw:<21} {r['pool_state']:<8} "
-                     f"{traffic:<8} {'in' if r['expect_registered'] else 'out':<9} {'ok' if r['ok'] else 'WRONG'}")
+        lines.append(
+            f"{r['name']:<8} {r['profile']:<18} {r['gate']:<18} {bw:<21} {r['pool_state']:<8} "
+            f"{traffic:<8} {'in' if r['expect_registered'] else 'out':<9} {'ok' if r['ok'] else 'WRONG'}"
+        )
     for r in rows:
         if r["gate"].startswith("FAILED"):
             lines.append(f"  {r['name']}: {r['reason']}")

@@ -15,22 +15,22 @@ increase). Over a window of samples:
 * neither: **steady**.
 
 Recycling: drain the node in the balancer, restart the server, wait for ``/health``, return it.
-The balancer is reached through HAProxy's runtime API (``tcp://HOST:PORT`` for a
-``stats socket ipv4@...`` listener, or ``unix:///path`` on the balancer itself) or through
-configured commands. Plain Python, no Ansible (the node's agent imports it too).
+The node's agent reaches the balancer through HAProxy's runtime API with the collection's one
+client, ``_haproxy.RuntimeAPI`` (``tcp://HOST:PORT`` for a ``stats socket ipv4@...`` listener, or
+``unix:///path`` on the balancer itself), or through configured commands. Plain Python, no
+Ansible (the node's agent imports it too).
 """
-from __future__ import annotations
 
-import socket
+from __future__ import annotations
 
 MiB = 1024 * 1024
 DEFAULTS = {
-    "window": 12,                    # samples judged
-    "min_samples": 4,                # fewer: insufficient data
-    "rss_slope_mib_per_min": 50.0,   # steady growth above this recycles
-    "rss_rising_fraction": 0.7,      # share of steps that must go up ("steadily")
-    "ttft_rise_ratio": 0.25,         # p95 rising: the fit grows by this fraction over the window
-    "ttft_rise_min_seconds": 0.05,   # ... and by at least this much (bucket interpolation is noisy)
+    "window": 12,  # samples judged
+    "min_samples": 4,  # fewer: insufficient data
+    "rss_slope_mib_per_min": 50.0,  # steady growth above this recycles
+    "rss_rising_fraction": 0.7,  # share of steps that must go up ("steadily")
+    "ttft_rise_ratio": 0.25,  # p95 rising: the fit grows by this fraction over the window
+    "ttft_rise_min_seconds": 0.05,  # ... and by at least this much (bucket interpolation is noisy)
 }
 
 
@@ -52,11 +52,19 @@ def judge(history, config=None):
     """history: [{'time', 'rss_bytes', 'ttft_p95'}] oldest first. Returns the verdict dict."""
     cfg = dict(DEFAULTS)
     cfg.update({k: v for k, v in (config or {}).items() if k in DEFAULTS and v is not None})
-    window = history[-int(cfg["window"]):]
-    verdict = {"samples": len(window), "rss_bytes": window[-1]["rss_bytes"] if window else None,
-               "ttft_p95_seconds": None, "rss_slope_mib_per_min": None, "ttft_p95_rise": None,
-               "rss_rising": False, "ttft_rising": False, "classification": "insufficient_data",
-               "recycle": False, "reason": ""}
+    window = history[-int(cfg["window"]) :]
+    verdict = {
+        "samples": len(window),
+        "rss_bytes": window[-1]["rss_bytes"] if window else None,
+        "ttft_p95_seconds": None,
+        "rss_slope_mib_per_min": None,
+        "ttft_p95_rise": None,
+        "rss_rising": False,
+        "ttft_rising": False,
+        "classification": "insufficient_data",
+        "recycle": False,
+        "reason": "",
+    }
     p95s = [h for h in window if h.get("ttft_p95") is not None]
     if p95s:
         verdict["ttft_p95_seconds"] = p95s[-1]["ttft_p95"]
@@ -68,32 +76,51 @@ def judge(history, config=None):
     ups = sum(1 for s in steps if s > 0) / float(len(steps)) if steps else 0.0
     per_min = None if rss_slope is None else rss_slope * 60.0 / MiB
     verdict["rss_slope_mib_per_min"] = None if per_min is None else round(per_min, 3)
-    verdict["rss_rising"] = bool(per_min is not None and per_min > cfg["rss_slope_mib_per_min"]
-                                 and ups >= cfg["rss_rising_fraction"])
+    verdict["rss_rising"] = bool(
+        per_min is not None and per_min > cfg["rss_slope_mib_per_min"] and ups >= cfg["rss_rising_fraction"]
+    )
     if len(p95s) >= max(2, int(cfg["min_samples"]) // 2):
         p_slope = slope([(h["time"], h["ttft_p95"]) for h in p95s])
         span = p95s[-1]["time"] - p95s[0]["time"]
         start = sum(h["ttft_p95"] for h in p95s) / len(p95s) - (p_slope or 0.0) * span / 2.0
         rise = (p_slope or 0.0) * span / max(start, 1e-3)
         verdict["ttft_p95_rise"] = round(rise, 4)
-        verdict["ttft_rising"] = rise > cfg["ttft_rise_ratio"] and (p_slope or 0.0) * span > cfg["ttft_rise_min_seconds"]
+        verdict["ttft_rising"] = (
+            rise > cfg["ttft_rise_ratio"] and (p_slope or 0.0) * span > cfg["ttft_rise_min_seconds"]
+        )
     rss, ttft = verdict["rss_rising"], verdict["ttft_rising"]
     if rss and ttft:
-        verdict.update(classification="fragmentation", recycle=True, reason=(
-            "RSS grows %.1f MiB/min and TTFT p95 rises with it (%+.0f%% over the window): KV pool growth "
-            "and fragmentation; recycling the worker" % (per_min, verdict["ttft_p95_rise"] * 100)))
+        verdict.update(
+            classification="fragmentation",
+            recycle=True,
+            reason=(
+                "RSS grows %.1f MiB/min and TTFT p95 rises with it (%+.0f%% over the window): KV pool growth "
+                "and fragmentation; recycling the worker" % (per_min, verdict["ttft_p95_rise"] * 100)
+            ),
+        )
     elif rss:
-        verdict.update(classification="memory_growth", recycle=True, reason=(
-            "RSS grows %.1f MiB/min steadily (above %.1f) while TTFT p95 holds: recycling before it "
-            "costs latency" % (per_min, cfg["rss_slope_mib_per_min"])))
+        verdict.update(
+            classification="memory_growth",
+            recycle=True,
+            reason=(
+                "RSS grows %.1f MiB/min steadily (above %.1f) while TTFT p95 holds: recycling before it "
+                "costs latency" % (per_min, cfg["rss_slope_mib_per_min"])
+            ),
+        )
     elif ttft:
-        verdict.update(classification="preemption_or_placement", reason=(
-            "TTFT p95 rises (%+.0f%% over the window) with flat RSS: preemption or placement, which a "
-            "restart does not cure; look at vllm:num_preemptions_total, the waiting queue, max_num_seqs "
-            "and where the model landed" % (verdict["ttft_p95_rise"] * 100)))
+        verdict.update(
+            classification="preemption_or_placement",
+            reason=(
+                "TTFT p95 rises (%+.0f%% over the window) with flat RSS: preemption or placement, which a "
+                "restart does not cure; look at vllm:num_preemptions_total, the waiting queue, max_num_seqs "
+                "and where the model landed" % (verdict["ttft_p95_rise"] * 100)
+            ),
+        )
     else:
-        verdict.update(classification="steady", reason="RSS %s MiB/min, TTFT p95 flat" % (
-            "n/a" if per_min is None else "%.1f" % per_min))
+        verdict.update(
+            classification="steady",
+            reason="RSS %s MiB/min, TTFT p95 flat" % ("n/a" if per_min is None else "%.1f" % per_min),
+        )
     return verdict
 
 
@@ -113,65 +140,58 @@ def textfile(verdict, state):
             label = "{%s}" % ",".join('%s="%s"' % kv for kv in labels) if labels else ""
             lines.append("%s%s %s" % (name, label, repr(float(value))))
 
-    metric("gpufleet_worker_rss_bytes", "gauge", "Resident memory of the vLLM unit's processes.",
-           [((), verdict.get("rss_bytes"))])
-    metric("gpufleet_worker_rss_slope_bytes_per_second", "gauge", "Least-squares RSS slope over the window.",
-           [((), None if verdict.get("rss_slope_mib_per_min") is None
-             else verdict["rss_slope_mib_per_min"] * MiB / 60.0)])
-    metric("gpufleet_worker_ttft_p95_seconds", "gauge", "TTFT p95 over the last interval.",
-           [((), verdict.get("ttft_p95_seconds"))])
-    metric("gpufleet_worker_ttft_p95_rise_ratio", "gauge", "Relative rise of TTFT p95 over the window.",
-           [((), verdict.get("ttft_p95_rise"))])
-    metric("gpufleet_worker_decay", "gauge", "1 for the window's classification of the worker's decay.",
-           [((("kind", c),), 1 if verdict.get("classification") == c else 0) for c in CLASSES])
-    metric("gpufleet_worker_recycles_total", "counter", "Recycles done by this node's timer.",
-           [((), state.get("recycles", 0))])
-    metric("gpufleet_worker_recycle_failures_total", "counter", "Recycles that failed (node left drained).",
-           [((), state.get("failures", 0))])
-    metric("gpufleet_worker_last_recycle_timestamp_seconds", "gauge", "When the last recycle finished.",
-           [((), state.get("last_recycle"))])
-    metric("gpufleet_worker_last_recycle_kind", "gauge", "1 for the decay that caused the last recycle.",
-           [((("kind", state["last_recycle_kind"]),), 1)] if state.get("last_recycle_kind") else [])
+    metric(
+        "gpufleet_worker_rss_bytes",
+        "gauge",
+        "Resident memory of the vLLM unit's processes.",
+        [((), verdict.get("rss_bytes"))],
+    )
+    metric(
+        "gpufleet_worker_rss_slope_bytes_per_second",
+        "gauge",
+        "Least-squares RSS slope over the window.",
+        [((), None if verdict.get("rss_slope_mib_per_min") is None else verdict["rss_slope_mib_per_min"] * MiB / 60.0)],
+    )
+    metric(
+        "gpufleet_worker_ttft_p95_seconds",
+        "gauge",
+        "TTFT p95 over the last interval.",
+        [((), verdict.get("ttft_p95_seconds"))],
+    )
+    metric(
+        "gpufleet_worker_ttft_p95_rise_ratio",
+        "gauge",
+        "Relative rise of TTFT p95 over the window.",
+        [((), verdict.get("ttft_p95_rise"))],
+    )
+    metric(
+        "gpufleet_worker_decay",
+        "gauge",
+        "1 for the window's classification of the worker's decay.",
+        [((("kind", c),), 1 if verdict.get("classification") == c else 0) for c in CLASSES],
+    )
+    metric(
+        "gpufleet_worker_recycles_total",
+        "counter",
+        "Recycles done by this node's timer.",
+        [((), state.get("recycles", 0))],
+    )
+    metric(
+        "gpufleet_worker_recycle_failures_total",
+        "counter",
+        "Recycles that failed (node left drained).",
+        [((), state.get("failures", 0))],
+    )
+    metric(
+        "gpufleet_worker_last_recycle_timestamp_seconds",
+        "gauge",
+        "When the last recycle finished.",
+        [((), state.get("last_recycle"))],
+    )
+    metric(
+        "gpufleet_worker_last_recycle_kind",
+        "gauge",
+        "1 for the decay that caused the last recycle.",
+        [((("kind", state["last_recycle_kind"]),), 1)] if state.get("last_recycle_kind") else [],
+    )
     return "\n".join(lines) + "\n"
-
-
-class BalancerError(Exception):
-    pass
-
-
-def runtime_api(endpoint, command, timeout=5.0):
-    """Send one command to HAProxy's runtime API at tcp://HOST:PORT or unix:///PATH; return the answer."""
-    if endpoint.startswith("tcp://"):
-        host, _sep, port = endpoint[len("tcp://"):].rpartition(":")
-        family, address = socket.AF_INET, (host.strip("[]"), int(port))
-        if ":" in host.strip("[]"):
-            family = socket.AF_INET6
-    elif endpoint.startswith("unix://"):
-        family, address = socket.AF_UNIX, endpoint[len("unix://"):]
-    else:
-        raise BalancerError("runtime API endpoint must be tcp://HOST:PORT or unix:///PATH, not %r" % endpoint)
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    try:
-        sock.connect(address)
-        sock.sendall(command.encode() + b"\n")
-        chunks = []
-        while True:
-            data = sock.recv(65536)
-            if not data:
-                break
-            chunks.append(data)
-    except (OSError, socket.timeout) as exc:
-        raise BalancerError("HAProxy runtime API at %s: %s" % (endpoint, exc))
-    finally:
-        sock.close()
-    answer = b"".join(chunks).decode("utf-8", "replace").strip()
-    if answer:  # `set server` answers nothing when it succeeds
-        raise BalancerError("HAProxy refused %r: %s" % (command, answer))
-    return answer
-
-
-def server_state_command(backend, server, state):
-    if state not in ("drain", "ready", "maint"):
-        raise BalancerError("unknown server state %r" % state)
-    return "set server %s/%s state %s" % (backend, server, state)

@@ -20,6 +20,13 @@ description:
   - Nothing is left half-done. If a server added by this run cannot be put in service, it is
     deleted again and the task fails. A removal first drains the server, then forces it to
     maintenance, and deletes it once it holds no connections, waiting up to O(drain_timeout).
+  - With O(up_timeout), success means HAProxy's own view - its health check and agent check -
+    says the server is UP; a server that does not come up is drained and the task fails with
+    what the balancer saw.
+  - Every value is checked before anything is sent or written - names, addresses (an IP address
+    or a host name) and times (HAProxy's time format) - because the runtime API runs what
+    follows a C(;) or a newline as another command. A new configuration file is checked with
+    C(haproxy -c) (when the C(haproxy) binary is on the balancer) before it replaces the old one.
   - community.general.haproxy changes the state of servers that are already in the
     configuration; this module also adds and deletes them.
 author:
@@ -38,7 +45,8 @@ options:
     type: str
     required: true
   address:
-    description: Address of the server. Required with O(state=present).
+    description:
+      - Address of the server, an IP address or a host name. Required with O(state=present).
     type: str
   port:
     description: Port of the server. Required with O(state=present).
@@ -57,10 +65,12 @@ options:
       - Omitted, the server has no agent check.
     type: int
   agent_address:
-    description: Address of the agent. Default O(address).
+    description: Address of the agent, an IP address or a host name. Default O(address).
     type: str
   agent_interval:
-    description: How often HAProxy asks the agent (HAProxy time format, e.g. V(2s)).
+    description:
+      - How often HAProxy asks the agent, in HAProxy's time format, digits with an optional unit
+        C(us), C(ms), C(s), C(m), C(h) or C(d) (e.g. V(2s), V(500ms)).
     type: str
     default: 2s
   state:
@@ -81,6 +91,21 @@ options:
     description: Seconds to wait for a removed server's connections to end before failing.
     type: int
     default: 30
+  up_timeout:
+    description:
+      - With O(state=present), seconds to wait until HAProxy reports the server UP through its own
+        health check and agent check (each having run at least once), read from C(show stat).
+      - A server that is not UP by then is drained, the configuration file is left as it was, and
+        the task fails naming the balancer's view (status, check and agent results).
+      - V(0) does not wait. Not waited for in check mode.
+    type: float
+    default: 0
+  haproxy_path:
+    description:
+      - The C(haproxy) binary that checks a new configuration file (C(haproxy -c -f)) before it
+        replaces the old one. Looked up in E(PATH) and C(/usr/sbin) when omitted; when there is no
+        binary, the file is written unchecked.
+    type: path
   timeout:
     description: Seconds to wait for each answer of the runtime API.
     type: float
@@ -164,6 +189,35 @@ config_changed:
   description: Whether the configuration file was (or would be) rewritten.
   returned: always
   type: bool
+balancer_view:
+  description: What HAProxy's checks said of the server when O(up_timeout) was waited for.
+  returned: when O(up_timeout) was waited for
+  type: dict
+  sample: {"status": "DOWN", "check_status": "L4CON", "check_desc": "Layer4 connection problem",
+           "last_chk": "Connection refused", "agent_status": "L7OK", "agent_desc": "Layer7 check passed",
+           "last_agt": "up"}
+  contains:
+    status:
+      description: HAProxy's status of the server (V(UP), V(DOWN), V(DOWN (agent\)), V(DRAIN), V(no check), ...).
+      type: str
+    check_status:
+      description: Result of the last health check (V(L7OK), V(L4CON), V(L7STS), V(INI) before the first, ...).
+      type: str
+    check_desc:
+      description: The health check result in words.
+      type: str
+    last_chk:
+      description: What the last health check saw.
+      type: str
+    agent_status:
+      description: Result of the last agent check; empty without an agent check.
+      type: str
+    agent_desc:
+      description: The agent check result in words.
+      type: str
+    last_agt:
+      description: What the agent last answered.
+      type: str
 """
 
 import os
@@ -175,10 +229,14 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import (
     HAProxyError,
     RuntimeAPI,
+    check_address,
     check_name,
+    check_port,
+    check_time,
     config_with_server,
+    describe_view,
     server_line,
-    server_options,
+    server_spec,
 )
 
 
@@ -206,8 +264,7 @@ def plan(current, want, backend, name, address, port, check, agent=None):
         if current.get("agent_port") != agent["port"]:
             cmds.append(f"set server {target} agent-port {agent['port']}")
     if current is None:
-        options = server_options(check, agent)
-        cmds.append(f"add server {target} {address}:{port}{' ' + options if options else ''}")
+        cmds.append(f"add server {backend}/{server_spec(name, address, port, check, agent)}")
         if check:
             cmds.append(f"enable health {target}")
         if agent:
@@ -258,18 +315,46 @@ def _delete_when_idle(api, cmd, drain_timeout):
         time.sleep(0.5)
 
 
-def write_atomic(path, text):
+def stage_config(module, path, text):
+    """Write `text` beside `path` and have HAProxy check it; returns (temporary path, None), or
+    (None, failure) when HAProxy refuses the file (the temporary file is then removed).
+
+    mkstemp in the same directory: the final rename is atomic, and the fresh random name (O_EXCL)
+    means a symlink planted there is never followed. The old file's mode is set on the
+    descriptor. `haproxy -c -f` runs when the binary is there (O(haproxy_path), else PATH).
+    """
     mode = os.stat(path).st_mode & 0o7777
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".haproxy_pool_member.")
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".haproxy_pool_member.", suffix=".cfg")
     try:
         with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), mode)
             f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        haproxy = module.params["haproxy_path"] or module.get_bin_path(
+            "haproxy", opt_dirs=["/usr/sbin", "/usr/local/sbin"]
+        )
+        if haproxy:
+            rc, out, err = module.run_command([haproxy, "-c", "-f", tmp], environ_update={"LC_ALL": "C"})
+            if rc != 0:
+                os.unlink(tmp)
+                return None, dict(
+                    rc=rc,
+                    stdout=out,
+                    stderr=err,
+                    msg=(
+                        f"nothing changed: HAProxy refuses the configuration {path} would become (`{haproxy} -c -f`), "
+                        f"so neither the file nor the running pool was touched; fix the file: "
+                        f"{(err or out).strip()[-2000:]}"
+                    ),
+                )
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _discard(tmp)
         raise
+    return tmp, None
+
+
+def _discard(tmp):
+    if tmp and os.path.exists(tmp):
+        os.unlink(tmp)
 
 
 def main():
@@ -287,29 +372,37 @@ def main():
             state=dict(type="str", choices=["present", "drained", "absent"], default="present"),
             config_file=dict(type="path"),
             drain_timeout=dict(type="int", default=30),
+            up_timeout=dict(type="float", default=0),
+            haproxy_path=dict(type="path"),
             timeout=dict(type="float", default=5.0),
         ),
         required_if=[("state", "present", ("address", "port")), ("state", "drained", ("address", "port"))],
         supports_check_mode=True,
     )
     p = module.params
+    nothing = dict(before=None, after=None, commands=[], config_changed=False)
+    # Every value that reaches the runtime API or the config file is checked before either is used.
     try:
         backend, name = check_name("backend", p["backend"]), check_name("server", p["name"])
+        for key in ("port", "agent_port"):
+            if p[key] is not None:
+                check_port(key, p[key])
+        if p["address"] is not None:
+            check_address("address", p["address"])
+        if p["agent_address"] is not None:
+            check_address("agent_address", p["agent_address"])
+        check_time("agent_interval", p["agent_interval"])
+        api = RuntimeAPI(os.path.abspath(p["socket"]), timeout=p["timeout"])
     except HAProxyError as exc:
-        module.fail_json(msg=str(exc))
-    for key in ("port", "agent_port"):
-        if p[key] is not None and not 0 < p[key] < 65536:
-            module.fail_json(msg=f"{key} {p[key]} is out of range 1-65535")
+        module.fail_json(msg=f"nothing changed: {exc}", **nothing)
     agent = None
     if p["agent_port"] and p["state"] != "absent":
-        agent = dict(address=p["agent_address"] or p["address"], port=p["agent_port"],
-                     interval=p["agent_interval"])
+        agent = dict(address=p["agent_address"] or p["address"], port=p["agent_port"], interval=p["agent_interval"])
 
-    api = RuntimeAPI(p["socket"], timeout=p["timeout"])
     try:
         before = api.servers(backend).get(name)
     except HAProxyError as exc:
-        module.fail_json(msg=f"nothing changed: {exc}", before=None, after=None, commands=[], config_changed=False)
+        module.fail_json(msg=f"nothing changed: {exc}", **nothing)
 
     cmds = plan(before, p["state"], backend, name, p["address"], p["port"], p["check"], agent)
 
@@ -321,33 +414,99 @@ def main():
             line = None if p["state"] == "absent" else server_line(name, p["address"], p["port"], p["check"], agent)
             config_after = config_with_server(config_before, backend, name, line)
         except (OSError, HAProxyError) as exc:
-            module.fail_json(msg=f"nothing changed: cannot use HAProxy config {p['config_file']}: {exc}",
-                             before=before, after=before, commands=[], config_changed=False)
+            module.fail_json(
+                msg=f"nothing changed: cannot use HAProxy config {p['config_file']}: {exc}",
+                before=before,
+                after=before,
+                commands=[],
+                config_changed=False,
+            )
     config_changed = config_before != config_after
+
+    # The new file is checked by HAProxy before anything changes, and put in place last.
+    staged = None
+    if config_changed and not module.check_mode:
+        staged, refused = stage_config(module, p["config_file"], config_after)
+        if refused:
+            module.fail_json(before=before, after=before, commands=[], config_changed=False, **refused)
 
     after = before
     if cmds and not module.check_mode:
         try:
             apply(api, cmds, backend, name, p["drain_timeout"])
         except HAProxyError as exc:
+            _discard(staged)
             now = _servers_or_none(api, backend, name)
-            module.fail_json(msg=f"{exc}; the configuration file was not changed", before=before, after=now,
-                             commands=cmds, config_changed=False)
+            module.fail_json(
+                msg=f"{exc}; the configuration file was not changed",
+                before=before,
+                after=now,
+                commands=cmds,
+                config_changed=False,
+            )
         after = _servers_or_none(api, backend, name)
     elif cmds:
         after = _predicted(before, p, agent)
-    if config_changed and not module.check_mode:
-        write_atomic(p["config_file"], config_after)
 
-    result = dict(changed=bool(cmds) or config_changed, before=before, after=after, commands=cmds,
-                  config_changed=config_changed)
+    result = dict(
+        changed=bool(cmds) or config_changed, before=before, after=after, commands=cmds, config_changed=config_changed
+    )
+    if p["state"] == "present" and p["up_timeout"] > 0 and not module.check_mode:
+        failure = _wait_up(api, backend, name, p["up_timeout"], result)
+        if failure:
+            _discard(staged)
+            result.update(config_changed=False, after=_servers_or_none(api, backend, name))
+            module.fail_json(msg=failure, **result)
+
+    if staged:
+        os.replace(staged, p["config_file"])
+
     if module._diff:
-        result["diff"] = [dict(before=_show(before), after=_show(after),
-                               before_header=f"{backend}/{name} (runtime)", after_header=f"{backend}/{name} (runtime)")]
+        result["diff"] = [
+            dict(
+                before=_show(before),
+                after=_show(after),
+                before_header=f"{backend}/{name} (runtime)",
+                after_header=f"{backend}/{name} (runtime)",
+            )
+        ]
         if config_changed:
-            result["diff"].append(dict(before=config_before, after=config_after,
-                                       before_header=p["config_file"], after_header=p["config_file"]))
+            result["diff"].append(
+                dict(
+                    before=config_before,
+                    after=config_after,
+                    before_header=p["config_file"],
+                    after_header=p["config_file"],
+                )
+            )
     module.exit_json(**result)
+
+
+def _wait_up(api, backend, name, timeout, result):
+    """None once HAProxy says the server is UP; otherwise drain it and return why (the message)."""
+    try:
+        up, view = api.wait_up(backend, name, timeout)
+    except HAProxyError as exc:
+        up, view = False, None
+        seen = f"its view could not be read ({exc})"
+    else:
+        seen = describe_view(view)
+    result["balancer_view"] = view
+    if up:
+        return None
+    target = f"{backend}/{name}"
+    try:
+        command = api.set_state(backend, name, "drain")
+        result["commands"] = result["commands"] + [command]
+        result["changed"] = True
+        left = "it is drained"
+    except HAProxyError as exc:
+        left = f"draining it failed too ({exc})"
+    return (
+        f"HAProxy does not report {target} UP after {timeout:g}s: {seen}. {left}, and the configuration "
+        f"file was not changed. Check that the balancer reaches the server's address and port (and "
+        f"its agent), e.g. a firewall or a wrong lb_registration_address."
+    )
 
 
 def _servers_or_none(api, backend, name):
@@ -362,9 +521,16 @@ def _predicted(before, p, agent):
         return None
     state = "ready" if p["state"] == "present" else "drain"
     op_state = before["op_state"] if before else "stopped"
-    return dict(name=p["name"], address=p["address"], port=p["port"], state=state, op_state=op_state,
-                admin_state=0 if state == "ready" else 8,
-                agent_address=agent["address"] if agent else None, agent_port=agent["port"] if agent else 0)
+    return dict(
+        name=p["name"],
+        address=p["address"],
+        port=p["port"],
+        state=state,
+        op_state=op_state,
+        admin_state=0 if state == "ready" else 8,
+        agent_address=agent["address"] if agent else None,
+        agent_port=agent["port"] if agent else 0,
+    )
 
 
 def _show(server):

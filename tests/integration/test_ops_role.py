@@ -3,17 +3,19 @@
 the agent's configuration, units that systemd-analyze accepts, idempotence, check mode and the
 refusals of its preflight. Idempotence is asserted here rather than on the lab node (a second run
 over SSH costs 20 s for the same tasks). (tests/integration/test_ops_lab.py runs it on a lab node.)"""
+
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "tests" / "integration" / "playbooks" / "ops_role_local.yml"
@@ -40,14 +42,11 @@ def variables(tmp_path, **kw):
 
 
 def play(ansible_env, extra, *args):
-    return subprocess.run(["ansible-playbook", "-i", "node7,", "-c", "local", str(PLAYBOOK), "-e", json.dumps(extra),
-                           *args], cwd=REPO, env=ansible_env, capture_output=True, text=True, timeout=300)
+    return run_playbook(PLAYBOOK, *args, local=True, inventory="node7,", extra_vars=extra, env=ansible_env, timeout=300)
 
 
 def recap(proc):
-    match = re.search(r"node7\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", proc.stdout)
-    assert match, proc.stdout + proc.stderr
-    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, match.groups())))
+    return proc.host("node7")
 
 
 def test_role_installs_agent_units_and_no_swap_drop_in(ansible_env, tmp_path):
@@ -59,14 +58,26 @@ def test_role_installs_agent_units_and_no_swap_drop_in(ansible_env, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     host = tmp_path / "host"
     files = sorted(str(p.relative_to(host)) for p in host.rglob("*") if p.is_file())
-    assert files == ["etc/gpufleet/worker-recycle.json", "etc/systemd/system/gpufleet-worker-recycle.service",
-                     "etc/systemd/system/gpufleet-worker-recycle.timer",
-                     "etc/systemd/system/vllm.service.d/10-gpufleet-no-swap.conf",
-                     "usr/local/lib/gpufleet/_recycle.py", "usr/local/lib/gpufleet/_vllm_metrics.py",
-                     "usr/local/lib/gpufleet/gpufleet_worker_recycle.py"]
+    assert files == [
+        "etc/gpufleet/worker-recycle.json",
+        "etc/systemd/system/gpufleet-worker-recycle.service",
+        "etc/systemd/system/gpufleet-worker-recycle.timer",
+        "etc/systemd/system/vllm.service.d/10-gpufleet-no-swap.conf",
+        "usr/local/lib/gpufleet/_haproxy.py",
+        "usr/local/lib/gpufleet/_http.py",
+        "usr/local/lib/gpufleet/_recycle.py",
+        "usr/local/lib/gpufleet/_vllm_metrics.py",
+        "usr/local/lib/gpufleet/gpufleet_worker_recycle.py",
+    ]
     config = json.loads((host / "etc/gpufleet/worker-recycle.json").read_text())
-    assert config["balancer"] == {"method": "runtime_api", "endpoint": "tcp://10.0.0.2:9999", "backend": "vllm_pool",
-                                  "server": "node7", "drain_command": [], "return_command": []}
+    assert config["balancer"] == {
+        "method": "runtime_api",
+        "endpoint": "tcp://10.0.0.2:9999",
+        "backend": "vllm_pool",
+        "server": "node7",
+        "drain_command": [],
+        "return_command": [],
+    }
     assert config["unit"] == "vllm.service" and config["metrics_url"] == "http://127.0.0.1:8000/metrics"
     assert config["judge"]["rss_slope_mib_per_min"] == 50.0 and config["action"] == "recycle"
     assert "MemorySwapMax=0" in (host / "etc/systemd/system/vllm.service.d/10-gpufleet-no-swap.conf").read_text()
@@ -78,24 +89,42 @@ def test_role_installs_agent_units_and_no_swap_drop_in(ansible_env, tmp_path):
         (units / "vllm.service").write_text("[Service]\nExecStart=/bin/true\n")
         env = dict(os.environ, SYSTEMD_UNIT_PATH="%s:%s:" % (units, host / "etc/systemd/system"), SYSTEMD_LOG_COLOR="0")
         for unit in ("gpufleet-worker-recycle.service", "gpufleet-worker-recycle.timer"):
-            res = subprocess.run(["systemd-analyze", "verify", str(host / "etc/systemd/system" / unit)],
-                                 capture_output=True, text=True, env=env)
+            res = subprocess.run(
+                ["systemd-analyze", "verify", str(host / "etc/systemd/system" / unit)],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
             assert res.returncode == 0 and res.stdout + res.stderr == "", res.stdout + res.stderr
     # the installed agent runs from its lib dir (no systemd here: it says so and exits 1, not 2)
-    res = subprocess.run([sys.executable, str(host / "usr/local/lib/gpufleet/gpufleet_worker_recycle.py"),
-                          "--config", str(host / "etc/gpufleet/worker-recycle.json"), "--dry-run"],
-                         capture_output=True, text=True, env=dict(os.environ, PATH="/nonexistent"))
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(host / "usr/local/lib/gpufleet/gpufleet_worker_recycle.py"),
+            "--config",
+            str(host / "etc/gpufleet/worker-recycle.json"),
+            "--dry-run",
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PATH="/nonexistent"),
+    )
     assert "systemctl" in res.stderr and res.returncode == 1, res.stdout + res.stderr
     again = play(ansible_env, extra)
     assert recap(again)["changed"] == 0, again.stdout
 
 
-@pytest.mark.parametrize("override,message", [
-    ({"worker_recycle_balancer_method": "runtime_api", "worker_recycle_balancer_endpoint": "10.0.0.2:9999"},
-     "runtime_api needs worker_recycle_balancer_endpoint tcp://HOST:PORT"),
-    ({"worker_recycle_balancer_method": "command"}, "command needs worker_recycle_drain_command"),
-    ({"worker_recycle_min_samples": 8, "worker_recycle_window": 4}, "min_samples (8) <= window (4)"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        (
+            {"worker_recycle_balancer_method": "runtime_api", "worker_recycle_balancer_endpoint": "10.0.0.2:9999"},
+            "runtime_api needs worker_recycle_balancer_endpoint tcp://HOST:PORT",
+        ),
+        ({"worker_recycle_balancer_method": "command"}, "command needs worker_recycle_drain_command"),
+        ({"worker_recycle_min_samples": 8, "worker_recycle_window": 4}, "min_samples (8) <= window (4)"),
+    ],
+)
 def test_preflight_refuses_bad_settings(ansible_env, tmp_path, override, message):
     proc = play(ansible_env, variables(tmp_path, **override))
     assert proc.returncode == 2 and message in proc.stdout, proc.stdout

@@ -1,8 +1,13 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""HAProxy runtime-API parsing, the config-file edit, and the roll-back of a half-done add."""
+"""The one HAProxy runtime-API client (TCP and UNIX), its parsing, the values it refuses, the
+config-file edit, and the roll-back of a half-done add."""
+
 from __future__ import annotations
 
 import importlib.util
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +55,7 @@ def test_unknown_backend_is_an_error():
     class NoBackend(FakeAPI):
         def command(self, line):
             return "Can't find backend.\n\n"
+
     with pytest.raises(H.HAProxyError, match="no backend 'x'.*Can't find backend"):
         NoBackend({}).servers("x")
 
@@ -57,7 +63,10 @@ def test_unknown_backend_is_an_error():
 def test_plan_from_each_state():
     srv = {"address": "10.0.0.2", "port": 8000, "state": "ready"}
     assert hpm.plan(None, "present", "b", "n", "10.0.0.2", 8000, True) == [
-        "add server b/n 10.0.0.2:8000 check", "enable health b/n", "set server b/n state ready"]
+        "add server b/n 10.0.0.2:8000 check",
+        "enable health b/n",
+        "set server b/n state ready",
+    ]
     assert hpm.plan(srv, "present", "b", "n", "10.0.0.2", 8000, True) == []
     assert hpm.plan(srv, "present", "b", "n", "10.0.0.9", 8001, True) == ["set server b/n addr 10.0.0.9 port 8001"]
     assert hpm.plan(srv, "drained", "b", "n", "10.0.0.2", 8000, True) == ["set server b/n state drain"]
@@ -71,19 +80,30 @@ def test_plan_with_an_agent():
     srv = {"address": "10.0.0.2", "port": 8000, "state": "ready", "agent_address": "10.0.0.2", "agent_port": 9777}
     assert hpm.plan(None, "present", "b", "n", "10.0.0.2", 8000, True, agent) == [
         "add server b/n 10.0.0.2:8000 check agent-check agent-addr 10.0.0.2 agent-port 9777 agent-inter 2s",
-        "enable health b/n", "enable agent b/n", "set server b/n state ready"]
+        "enable health b/n",
+        "enable agent b/n",
+        "set server b/n state ready",
+    ]
     assert hpm.plan(srv, "present", "b", "n", "10.0.0.2", 8000, True, agent) == []
     assert hpm.plan(srv, "present", "b", "n", "10.0.0.2", 8000, True, dict(agent, port=9778, address="10.1.0.2")) == [
-        "set server b/n agent-addr 10.1.0.2", "set server b/n agent-port 9778"]
+        "set server b/n agent-addr 10.1.0.2",
+        "set server b/n agent-port 9778",
+    ]
     # no agent check yet, or one that is no longer wanted: the server is replaced
     plain = dict(srv, agent_address=None, agent_port=0)
     assert hpm.plan(plain, "present", "b", "n", "10.0.0.2", 8000, True, agent)[:3] == [
-        "set server b/n state maint", "del server b/n",
-        "add server b/n 10.0.0.2:8000 check agent-check agent-addr 10.0.0.2 agent-port 9777 agent-inter 2s"]
+        "set server b/n state maint",
+        "del server b/n",
+        "add server b/n 10.0.0.2:8000 check agent-check agent-addr 10.0.0.2 agent-port 9777 agent-inter 2s",
+    ]
     assert hpm.plan(srv, "present", "b", "n", "10.0.0.2", 8000, True)[:3] == [
-        "set server b/n state maint", "del server b/n", "add server b/n 10.0.0.2:8000 check"]
+        "set server b/n state maint",
+        "del server b/n",
+        "add server b/n 10.0.0.2:8000 check",
+    ]
     assert H.server_line("n", "10.0.0.2", 8000, True, agent) == (
-        "    server n 10.0.0.2:8000 check agent-check agent-addr 10.0.0.2 agent-port 9777 agent-inter 2s")
+        "    server n 10.0.0.2:8000 check agent-check agent-addr 10.0.0.2 agent-port 9777 agent-inter 2s"
+    )
 
 
 def test_a_failed_enable_rolls_the_add_back():
@@ -91,8 +111,9 @@ def test_a_failed_enable_rolls_the_add_back():
     cmds = hpm.plan(None, "present", "b", "n", "10.0.0.2", 8000, False)
     with pytest.raises(H.HAProxyError, match="refused `set server b/n state ready`"):
         hpm.apply(api, cmds, "b", "n", 1)
-    assert api.sent[-2:] == ["set server b/n state maint", "del server b/n"], \
+    assert api.sent[-2:] == ["set server b/n state maint", "del server b/n"], (
         "the server this run added must be deleted again"
+    )
 
 
 CFG = """global
@@ -119,3 +140,244 @@ def test_config_edit_adds_replaces_and_removes_only_its_line():
     assert H.config_with_server(moved, "vllm_pool", "node1", None) == CFG
     with pytest.raises(H.HAProxyError, match="backend 'other' is not in"):
         H.config_with_server(CFG, "other", "node1", None)
+
+
+# --- the one runtime-API client: TCP and UNIX, one error type -----------------------------------
+
+
+def fake_haproxy(answer=b"", count=1, family=socket.AF_INET, path=None):
+    """A runtime API that answers `count` commands and records them (TCP, or UNIX at `path`)."""
+    server = socket.socket(family)
+    server.bind(path or ("127.0.0.1", 0))
+    server.listen(4)
+    seen = []
+
+    def serve():
+        for _ in range(count):
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed by the test before all answers were asked for
+                return
+            with conn:
+                seen.append(conn.recv(4096).decode())
+                conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    endpoint = f"unix://{path}" if path else "tcp://127.0.0.1:%d" % server.getsockname()[1]
+    return endpoint, seen, server
+
+
+def test_runtime_api_over_tcp_and_unix(tmp_path):
+    endpoint, seen, server = fake_haproxy()
+    with server:
+        assert (
+            H.RuntimeAPI(endpoint).set_state("vllm_pool", "node1", "drain") == "set server vllm_pool/node1 state drain"
+        )
+    assert seen == ["set server vllm_pool/node1 state drain\n"]
+    endpoint, seen, server = fake_haproxy(b"No such server.\n")
+    with server, pytest.raises(H.HAProxyError, match="refused `set server vllm_pool/x state ready`: No such server"):
+        H.RuntimeAPI(endpoint).set_state("vllm_pool", "x", "ready")
+    path = str(tmp_path / "admin.sock")
+    for spelled in (f"unix://{path}", path):
+        _endpoint, seen, server = fake_haproxy(b"Name: HAProxy\n", family=socket.AF_UNIX, path=path)
+        with server:
+            assert H.RuntimeAPI(spelled).command("show info") == "Name: HAProxy\n"
+        assert seen == ["show info\n"]
+        (tmp_path / "admin.sock").unlink()
+    with pytest.raises(H.HAProxyError, match="cannot talk to HAProxy's runtime API at unix:///nonexistent"):
+        H.RuntimeAPI("unix:///nonexistent/admin.sock").command("show info")
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["10.0.0.1:9999", "tcp://10.0.0.1", "tcp://:80", "http://h:1", "unix://", "admin.sock"]
+)
+def test_runtime_api_endpoint_forms(endpoint):
+    with pytest.raises(H.HAProxyError, match="tcp://HOST:PORT or unix:///PATH"):
+        H.RuntimeAPI(endpoint)
+    assert H.parse_endpoint("tcp://[::1]:9999") == (socket.AF_INET6, ("::1", 9999))
+    assert H.parse_endpoint("tcp://lb1:9999") == (socket.AF_INET, ("lb1", 9999))
+
+
+def test_unknown_server_state_is_refused_before_sending():
+    api = FakeAPI({})
+    with pytest.raises(H.HAProxyError, match="unknown server state 'up'"):
+        api.set_state("b", "s", "up")
+    assert api.sent == []
+
+
+def test_runtime_api_deadline_and_size_limit(monkeypatch):
+    # a server that answers a byte at a time, slower than the deadline, is cut at the deadline
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def drip():
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(4096)
+            for _ in range(50):
+                try:
+                    conn.sendall(b"x")
+                except OSError:
+                    return
+                time.sleep(0.1)
+
+    threading.Thread(target=drip, daemon=True).start()
+    start = time.monotonic()
+    with server, pytest.raises(H.HAProxyError, match="gave no complete answer to `show info` within 0.5s"):
+        H.RuntimeAPI("tcp://127.0.0.1:%d" % server.getsockname()[1], timeout=0.5).command("show info")
+    assert time.monotonic() - start < 2
+    monkeypatch.setattr(H, "MAX_ANSWER", 10)
+    endpoint, _seen, server = fake_haproxy(b"y" * 100)
+    with server, pytest.raises(H.HAProxyError, match="exceeds 10 bytes"):
+        H.RuntimeAPI(endpoint).command("show info")
+
+
+# --- values that reach the runtime API or the config file ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line", ["show info;disable frontend fe", "show info\ndisable frontend fe", "show\rinfo", "show info\x00"]
+)
+def test_client_never_sends_a_chained_command(line):
+    api = H.RuntimeAPI("/nonexistent")
+    with pytest.raises(H.HAProxyError, match="must not contain"):
+        api.command(line)
+
+
+INJECTED_ADDRESSES = [
+    "10.0.0.5;disable frontend fe",
+    "10.0.0.5\ndisable frontend fe",
+    "10.0.0.5 backup",
+    "10.0.0.5:80",
+    "10.0.0.5#",
+    "",
+    "node1..lab",
+    "-node1",
+    "10.0.0",
+    "fe80::1%eth0;x",
+]
+
+
+@pytest.mark.parametrize("address", INJECTED_ADDRESSES)
+def test_runtime_api_address_injection_refused(address):
+    with pytest.raises(H.HAProxyError, match="give an IP address or a host name"):
+        H.check_address("address", address)
+    with pytest.raises(H.HAProxyError):
+        hpm.plan(None, "present", "b", "n", address, 8000, True)
+    agent = {"address": address, "port": 9777, "interval": "2s"}
+    with pytest.raises(H.HAProxyError, match="agent address"):
+        hpm.plan(None, "present", "b", "n", "10.0.0.5", 8000, True, agent)
+    with pytest.raises(H.HAProxyError):
+        H.server_line("n", "10.0.0.5", 8000, True, agent)
+
+
+@pytest.mark.parametrize("address", ["10.0.0.5", "2001:db8::5", "fe80::1%eth0", "node1", "node-1.lab.example"])
+def test_addresses_accepted(address):
+    assert H.check_address("address", address) == address
+
+
+@pytest.mark.parametrize(
+    "interval", ["2s;disable frontend fe", "2s\nfrontend x", "2 s", "1.5s", "2sec", "", "-1s", "s", "2s agent-send x"]
+)
+def test_agent_interval_injection_refused(interval):
+    with pytest.raises(H.HAProxyError, match="give an HAProxy time"):
+        H.check_time("agent_interval", interval)
+    with pytest.raises(H.HAProxyError, match="agent interval"):
+        hpm.plan(
+            None,
+            "present",
+            "b",
+            "n",
+            "10.0.0.5",
+            8000,
+            True,
+            {"address": "10.0.0.5", "port": 9777, "interval": interval},
+        )
+
+
+@pytest.mark.parametrize("interval", ["2s", "500ms", "1m", "100us", "1h", "1d", "2000"])
+def test_haproxy_times_accepted(interval):
+    assert H.check_time("agent_interval", interval) == interval
+
+
+def test_config_newline_injection_refused():
+    for name in ("node1\nbackend evil", "node 1", "node1;x", ""):
+        with pytest.raises(H.HAProxyError, match="invalid server name"):
+            H.server_line(name, "10.0.0.1", 8000, True)
+    with pytest.raises(H.HAProxyError, match="give an IP address"):
+        H.server_line("node1", "10.0.0.1\nlisten evil\n    bind :80", 8000, True)
+    with pytest.raises(H.HAProxyError, match="refused to write"):
+        H.config_with_server(CFG, "vllm_pool", "node1", "    server node1 10.0.0.1:8000\nfrontend evil")
+    for port in (0, 65536, True, "80"):
+        with pytest.raises(H.HAProxyError, match="out of range"):
+            H.server_line("node1", "10.0.0.1", port, True)
+
+
+# --- HAProxy's own view of a server --------------------------------------------------------------
+
+# `show stat vllm_pool 4 -1` from HAProxy 2.6.12 (Debian 12), captured on this project's machine:
+# a server whose port refuses connections (health check and agent check L4CON), one up, one before
+# its first checks, one without checks; cut to the fields read (the real header has ~100, in another
+# order: the parser goes by the header).
+STAT = """# pxname,svname,status,check_status,check_code,last_chk,last_agt,agent_status,check_desc,agent_desc,
+vllm_pool,node1,DOWN (agent),L4CON,,Connection refused,Connection refused,L4CON,Layer4 connection problem,Layer4 connection problem,
+vllm_pool,node2,UP,L7OK,200,OK,up,* L7OK,Layer7 check passed,Layer7 check passed,
+vllm_pool,node3,DOWN,INI,,,,INI,Initializing,Initializing,
+vllm_pool,node4,no check,,,,,,,,
+
+"""
+
+
+class StatAPI(FakeAPI):
+    def __init__(self, stats):
+        super().__init__({})
+        self.stats = list(stats)
+
+    def command(self, line):
+        self.sent.append(line)
+        return self.stats.pop(0) if len(self.stats) > 1 else self.stats[0]
+
+
+def test_view_parsed_by_header_and_described():
+    api = StatAPI([STAT])
+    down = api.view("vllm_pool", "node1")
+    assert api.sent == ["show stat vllm_pool 4 -1"]
+    assert down == {
+        "status": "DOWN (agent)",
+        "check_status": "L4CON",
+        "check_desc": "Layer4 connection problem",
+        "last_chk": "Connection refused",
+        "agent_status": "L4CON",
+        "agent_desc": "Layer4 connection problem",
+        "last_agt": "Connection refused",
+    }
+    assert H.describe_view(down) == (
+        "status DOWN (agent); health check L4CON (Layer4 connection problem, "
+        "Connection refused); agent check L4CON (Layer4 connection problem, "
+        "Connection refused)"
+    )
+    assert api.view("vllm_pool", "node2")["agent_status"] == "L7OK"  # "* ": a check is running now
+    assert [H.is_up(api.view("vllm_pool", n)) for n in ("node1", "node2", "node3", "node4")] == [
+        False,
+        True,
+        False,
+        True,
+    ]  # node3: its first checks have not run yet (INI)
+    assert api.view("vllm_pool", "node9") is None and H.describe_view(None) == "the server is not in the backend"
+    with pytest.raises(H.HAProxyError, match="answered `show stat nope`"):
+        StatAPI(["Can't find backend.\n"]).view("nope", "n")
+
+
+def test_wait_up_is_bounded_and_returns_what_it_saw():
+    clock = {"t": 0.0}
+    up_later = StatAPI([STAT.replace("node2,UP", "node2,DOWN"), STAT])
+    assert up_later.wait_up(
+        "vllm_pool", "node2", 10, clock=lambda: clock["t"], sleep=lambda s: clock.update(t=clock["t"] + s)
+    ) == (True, up_later.view("vllm_pool", "node2"))
+    clock["t"] = 0.0
+    never = StatAPI([STAT])
+    up, view = never.wait_up(
+        "vllm_pool", "node1", 3, interval=0.5, clock=lambda: clock["t"], sleep=lambda s: clock.update(t=clock["t"] + s)
+    )
+    assert (up, view["check_status"], clock["t"]) == (False, "L4CON", 3.0)

@@ -1,20 +1,24 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""_recycle: telling fragmentation from preemption/placement (seed 001), the textfile metrics, the
-HAProxy runtime API client; and the node agent run against a fake unit and server."""
+"""_recycle: telling fragmentation from preemption/placement (seed 001), the textfile metrics; and
+the node agent run against a fake unit, server and balancer (it drives the balancer with the
+collection's one runtime-API client, _haproxy, tested in test_haproxy.py)."""
+
 from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
 import json
-import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import os
 from pathlib import Path
 
 import pytest
 
+from ansible_collections.gpufleet.node.plugins.module_utils import _haproxy as hx
+from ansible_collections.gpufleet.node.plugins.module_utils import _http as web
 from ansible_collections.gpufleet.node.plugins.module_utils import _recycle as rc
 from ansible_collections.gpufleet.node.plugins.module_utils import _vllm_metrics as vm
+from tests.support import MetricsServer
+from tests.unit.test_haproxy import fake_haproxy
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "roles" / "worker_recycle" / "files" / "gpufleet_worker_recycle.py"
@@ -22,7 +26,10 @@ MiB = 1024 * 1024
 
 
 def history(rss_mib, p95):
-    return [{"time": 60.0 * i, "rss_bytes": int(r * MiB), "ttft_p95": p} for i, (r, p) in enumerate(zip(rss_mib, p95))]
+    return [
+        {"time": 60.0 * i, "rss_bytes": int(r * MiB), "ttft_p95": p}
+        for i, (r, p) in enumerate(zip(rss_mib, p95, strict=True))
+    ]
 
 
 def test_slope():
@@ -76,8 +83,12 @@ def test_textfile_parses_as_prometheus_and_carries_the_class():
     v = rc.judge(history([20000, 20100, 20230, 20300, 20420, 20500], [0.41, 0.48, 0.55, 0.66, 0.74, 0.83]))
     text = rc.textfile(v, {"recycles": 3, "failures": 1, "last_recycle": 1.7e9, "last_recycle_kind": "fragmentation"})
     from prometheus_client.parser import text_string_to_metric_families
-    values = {(s.name, tuple(sorted(s.labels.items()))): s.value
-              for f in text_string_to_metric_families(text) for s in f.samples}
+
+    values = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
     assert values[("gpufleet_worker_decay", (("kind", "fragmentation"),))] == 1.0
     assert values[("gpufleet_worker_decay", (("kind", "steady"),))] == 0.0
     assert values[("gpufleet_worker_recycles_total", ())] == 3.0
@@ -85,41 +96,8 @@ def test_textfile_parses_as_prometheus_and_carries_the_class():
     assert values[("gpufleet_worker_rss_slope_bytes_per_second", ())] == pytest.approx(98 * MiB / 60, rel=0.05)
 
 
-def fake_haproxy(answer=b"", count=1):
-    """A runtime API over TCP that answers `count` commands and records them."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(4)
-    seen = []
-
-    def serve():
-        for _ in range(count):
-            try:
-                conn, _ = server.accept()
-            except OSError:  # closed by the test before all answers were asked for
-                return
-            with conn:
-                seen.append(conn.recv(4096).decode())
-                conn.sendall(answer)
-    threading.Thread(target=serve, daemon=True).start()
-    return "tcp://127.0.0.1:%d" % server.getsockname()[1], seen, server
-
-
-def test_runtime_api_over_tcp():
-    endpoint, seen, server = fake_haproxy()
-    with server:
-        assert rc.runtime_api(endpoint, rc.server_state_command("vllm_pool", "node1", "drain")) == ""
-    assert seen == ["set server vllm_pool/node1 state drain\n"]
-    endpoint, seen, server = fake_haproxy(b"No such server.\n")
-    with server, pytest.raises(rc.BalancerError, match="No such server"):
-        rc.runtime_api(endpoint, "set server vllm_pool/x state ready")
-    with pytest.raises(rc.BalancerError, match="tcp://HOST:PORT or unix:///PATH"):
-        rc.runtime_api("10.0.0.1:9999", "show info")
-    with pytest.raises(rc.BalancerError, match="unknown server state"):
-        rc.server_state_command("b", "s", "up")
-
-
 # --- the agent, on a fake systemd and server ----------------------------------------------------
+
 
 def load_agent():
     loader = importlib.machinery.SourceFileLoader("gpufleet_worker_recycle", str(AGENT))
@@ -129,27 +107,11 @@ def load_agent():
     return module
 
 
-class _Server(BaseHTTPRequestHandler):
-    metrics = ""
-
-    def do_GET(self):  # noqa: N802
-        body = (self.metrics if self.path == "/metrics" else "").encode()
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def agent_env(tmp_path, monkeypatch):
     agent = load_agent()
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Server)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    base = "http://127.0.0.1:%d" % httpd.server_address[1]
-    _Server.metrics = 'vllm:num_requests_running{engine="0"} 0.0\n'
+    httpd = MetricsServer(['vllm:num_requests_running{engine="0"} 0.0\n'])
+    base = httpd.url
     calls = []
     rss = {"value": 20000 * MiB}
     clock = {"t": 1000.0}
@@ -161,16 +123,23 @@ def agent_env(tmp_path, monkeypatch):
     monkeypatch.setattr(agent, "systemctl", systemctl)
     monkeypatch.setattr(agent, "rss_bytes", lambda pids, proc_root="/proc": rss["value"])
     monkeypatch.setattr(agent.time, "time", lambda: clock["t"])
-    config = {"unit": "vllm.service", "metrics_url": base + "/metrics", "health_url": base + "/health",
-              "state_file": str(tmp_path / "state.json"), "textfile": str(tmp_path / "w.prom"),
-              "status_file": str(tmp_path / "status.json"), "drain_timeout": 1, "health_timeout": 2,
-              "judge": {"window": 6, "min_samples": 4, "rss_slope_mib_per_min": 50}}
+    config = {
+        "unit": "vllm.service",
+        "metrics_url": base + "/metrics",
+        "health_url": base + "/health",
+        "state_file": str(tmp_path / "state.json"),
+        "textfile": str(tmp_path / "w.prom"),
+        "status_file": str(tmp_path / "status.json"),
+        "drain_timeout": 1,
+        "health_timeout": 2,
+        "judge": {"window": 6, "min_samples": 4, "rss_slope_mib_per_min": 50},
+    }
     yield agent, config, calls, rss, clock
-    httpd.shutdown()
+    httpd.close()
 
 
 def run_until_restart(agent, config, calls, rss, clock, growth_mib):
-    run = agent.Agent(config, vm, rc)
+    run = agent.Agent(config, vm, rc, hx, web)
     codes = []
     for _ in range(6):
         rss["value"] += growth_mib * MiB
@@ -221,8 +190,11 @@ def test_agent_leaves_the_node_drained_when_health_does_not_come_back(agent_env,
 def test_agent_command_method(agent_env, tmp_path):
     agent, config, calls, rss, clock = agent_env
     marks = tmp_path / "marks"
-    config["balancer"] = {"method": "command", "drain_command": ["sh", "-c", "echo drain >> %s" % marks],
-                          "return_command": ["sh", "-c", "echo ready >> %s" % marks]}
+    config["balancer"] = {
+        "method": "command",
+        "drain_command": ["sh", "-c", "echo drain >> %s" % marks],
+        "return_command": ["sh", "-c", "echo ready >> %s" % marks],
+    }
     assert run_until_restart(agent, config, calls, rss, clock, 200)[-1] == 0
     assert marks.read_text().split() == ["drain", "ready"]
 
@@ -233,3 +205,29 @@ def test_agent_configuration_errors_exit_2(tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"lib_dir": str(tmp_path / "nowhere")}))
     assert agent.main(["--config", str(cfg)]) == 2
+
+
+def test_textfile_write_does_not_follow_symlinks(agent_env, tmp_path):
+    """The agent runs as root and writes into a textfile directory another user may write to: a
+    symlink planted at the old predictable temporary name (path.PID.tmp) or a fixed name must not
+    make it write through to the link's target."""
+    agent, config, calls, rss, clock = agent_env
+    config["balancer"] = {"method": "none"}
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    victim.chmod(0o600)
+    textfile = tmp_path / "w.prom"
+    for planted in ("%s.%d.tmp" % (textfile, os.getpid()), "%s.tmp" % textfile):
+        os.symlink(victim, planted)
+    agent.Agent(config, vm, rc, hx, web).run()
+    assert victim.read_text() == "root's file\n" and oct(victim.stat().st_mode & 0o777) == "0o600"
+    assert "gpufleet_worker_rss_bytes" in textfile.read_text() and not textfile.is_symlink()
+    assert oct(textfile.stat().st_mode & 0o777) == "0o644"
+    assert oct((tmp_path / "state.json").stat().st_mode & 0o777) == "0o600"
+    # a symlink at the target itself is replaced by the new file, not written through
+    textfile.unlink()
+    os.symlink(victim, textfile)
+    agent.atomic_write(str(textfile), "new\n")
+    assert victim.read_text() == "root's file\n" and textfile.read_text() == "new\n" and not textfile.is_symlink()
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
+    assert leftovers == []

@@ -16,6 +16,7 @@ installed beside this file.
 
     python3 /usr/local/lib/gpufleet/gpufleet_lb_agent.py --marker PATH [--boot-id PATH]
 """
+
 import argparse
 import os
 import sys
@@ -24,11 +25,13 @@ import sys
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--marker", required=True, help="the NCCL gate's readiness marker (JSON)")
-    parser.add_argument("--boot-id", default="/proc/sys/kernel/random/boot_id",
-                        help="where the current boot id is read")
+    parser.add_argument(
+        "--boot-id", default="/proc/sys/kernel/random/boot_id", help="where the current boot id is read"
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from _readiness import agent_answer  # installed beside this file
+
     sys.stdout.write(agent_answer(args.marker, args.boot_id) + "\n")
     sys.stdout.flush()
     return 0

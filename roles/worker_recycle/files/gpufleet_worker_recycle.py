@@ -14,36 +14,51 @@ node in the balancer, restarts the server, waits for /health and returns the nod
 Exit status: 0 (sampled, maybe recycled), 1 (a recycle failed: the node is left drained), 2 (bad
 configuration).
 """
+
 import argparse
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
-import urllib.request
 
 DEFAULT_CONFIG = "/etc/gpufleet/worker-recycle.json"
 
 
 def log(message, **fields):
-    extra = " ".join("%s=%s" % (k, json.dumps(v) if isinstance(v, str) and " " in v else v)
-                     for k, v in sorted(fields.items()))
+    extra = " ".join(
+        "%s=%s" % (k, json.dumps(v) if isinstance(v, str) and " " in v else v) for k, v in sorted(fields.items())
+    )
     print(("%s %s" % (message, extra)).strip(), flush=True)
 
 
 def atomic_write(path, text, mode=0o644):
-    directory = os.path.dirname(path)
+    """Replace `path` with `text`, as root may: the new file is made by mkstemp (a fresh random
+    name, O_EXCL, so a symlink planted in the directory is never followed), its mode set on the
+    open descriptor, and renamed over `path` (a symlink at `path` is replaced, not followed)."""
+    directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    with open(tmp, "w") as handle:
-        handle.write(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".%s." % os.path.basename(path), suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            os.fchmod(handle.fileno(), mode)
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def systemctl(*args, check=True):
-    proc = subprocess.run(["systemctl"] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          universal_newlines=True, env=dict(os.environ, LC_ALL="C"), check=False)
+    proc = subprocess.run(
+        ["systemctl", *args], capture_output=True, text=True, env=dict(os.environ, LC_ALL="C"), check=False
+    )
     if check and proc.returncode:
         raise RuntimeError("systemctl %s failed (%d): %s" % (" ".join(args), proc.returncode, proc.stderr.strip()))
     return proc.stdout
@@ -81,9 +96,11 @@ def rss_bytes(pids, proc_root="/proc"):
     return total
 
 
-def fetch(url, timeout=10):
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return resp.status, resp.read().decode("utf-8", "replace")
+def fetch(web, url, timeout=10):
+    """(status, text) of a GET through the collection's bounded client (``web``: its _http):
+    http/https only, one deadline for the whole answer, a size limit."""
+    status, body = web.get(url, timeout=timeout)
+    return status, body.decode("utf-8", "replace")
 
 
 def load_state(path):
@@ -95,10 +112,15 @@ def load_state(path):
 
 
 class Agent:
-    def __init__(self, config, vm, rc, dry_run=False):
+    """vm, rc, hx, web: the collection's _vllm_metrics, _recycle, _haproxy and _http (installed
+    beside)."""
+
+    def __init__(self, config, vm, rc, hx, web, dry_run=False):
         self.cfg = config
         self.vm = vm
         self.rc = rc
+        self.hx = hx
+        self.web = web
         self.dry_run = dry_run
 
     # --- the balancer ---------------------------------------------------------------------------
@@ -106,18 +128,16 @@ class Agent:
         bal = self.cfg.get("balancer") or {}
         method = bal.get("method", "none")
         if method == "none":
-            log("balancer: none configured, the node keeps its place in the pool during the restart",
-                step=state)
+            log("balancer: none configured, the node keeps its place in the pool during the restart", step=state)
             return
         if method == "runtime_api":
-            command = self.rc.server_state_command(bal["backend"], bal["server"], state)
-            self.rc.runtime_api(bal["endpoint"], command, timeout=float(bal.get("timeout", 5)))
+            api = self.hx.RuntimeAPI(bal["endpoint"], timeout=float(bal.get("timeout", 5)))
+            command = api.set_state(bal["backend"], bal["server"], state)
             log("balancer: %s" % command, endpoint=bal["endpoint"])
             return
         if method == "command":
             argv = bal["drain_command" if state == "drain" else "return_command"]
-            proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
-                                  check=False)
+            proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
             if proc.returncode:
                 raise RuntimeError("%s failed (%d): %s" % (argv[0], proc.returncode, proc.stdout.strip()[-300:]))
             log("balancer: ran %s" % argv[0], step=state)
@@ -126,7 +146,7 @@ class Agent:
 
     def running_requests(self):
         try:
-            _status, text = fetch(self.cfg["metrics_url"], 5)
+            _status, text = fetch(self.web, self.cfg["metrics_url"], 5)
             entry = self.vm.parse(text)["gauges"].get("num_requests_running")
             return entry["value"] if entry else 0.0
         except Exception:  # the server may be dying: nothing to wait for
@@ -136,7 +156,7 @@ class Agent:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if fetch(self.cfg["health_url"], 5)[0] == 200:
+                if fetch(self.web, self.cfg["health_url"], 5)[0] == 200:
                     return True
             except Exception:
                 pass
@@ -153,8 +173,10 @@ class Agent:
         log("recycle: restarting %s" % self.cfg["unit"], drained_s=round(time.monotonic() - t0, 1))
         systemctl("restart", self.cfg["unit"])
         if not self.wait_health(float(self.cfg.get("health_timeout", 600))):
-            raise RuntimeError("%s did not answer 200 within %ss after the restart; the node stays drained"
-                               % (self.cfg["health_url"], self.cfg.get("health_timeout", 600)))
+            raise RuntimeError(
+                "%s did not answer 200 within %ss after the restart; the node stays drained"
+                % (self.cfg["health_url"], self.cfg.get("health_timeout", 600))
+            )
         self.balancer("ready")
         log("recycle: done, the node is back in the pool", seconds=round(time.monotonic() - t0, 1))
 
@@ -167,19 +189,22 @@ class Agent:
         if not main:
             log("worker-recycle: %s is not running, nothing to sample" % cfg["unit"])
             state["pid"] = 0
-            self.finish(state, {"classification": "insufficient_data", "recycle": False,
-                                "reason": "%s is not running" % cfg["unit"]})
+            self.finish(
+                state,
+                {"classification": "insufficient_data", "recycle": False, "reason": "%s is not running" % cfg["unit"]},
+            )
             return 0
         if state.get("pid") != main:
             state.update(pid=main, history=[], buckets=None)
         rss = rss_bytes(pids)
         p95 = None
         try:
-            _status, text = fetch(cfg["metrics_url"])
+            _status, text = fetch(self.web, cfg["metrics_url"])
             hist = self.vm.parse(text)["histograms"].get("ttft_seconds")
             if hist:
-                window = self.vm.delta_buckets(hist["buckets"], [tuple(b) for b in state["buckets"]]
-                                               if state.get("buckets") else None)
+                window = self.vm.delta_buckets(
+                    hist["buckets"], [tuple(b) for b in state["buckets"]] if state.get("buckets") else None
+                )
                 if state.get("buckets") and window and window[-1][1] > 0:
                     p95 = self.vm.histogram_quantile(0.95, window)
                 state["buckets"] = hist["buckets"]  # json keeps +Inf as Infinity
@@ -187,18 +212,30 @@ class Agent:
             log("worker-recycle: cannot read %s: %s" % (cfg["metrics_url"], exc))
         history = state.get("history") or []
         history.append({"time": now, "rss_bytes": rss, "ttft_p95": p95})
-        state["history"] = history[-2 * int(cfg.get("judge", {}).get("window", 12)):]
+        state["history"] = history[-2 * int(cfg.get("judge", {}).get("window", 12)) :]
         verdict = self.rc.judge(state["history"], cfg.get("judge"))
-        log("worker-recycle: %s" % verdict["classification"], rss_mib=round(rss / 1048576.0, 1),
-            rss_slope_mib_per_min=verdict["rss_slope_mib_per_min"], ttft_p95_s=p95,
-            ttft_p95_rise=verdict["ttft_p95_rise"], samples=verdict["samples"], recycle=verdict["recycle"],
-            reason=verdict["reason"])
+        log(
+            "worker-recycle: %s" % verdict["classification"],
+            rss_mib=round(rss / 1048576.0, 1),
+            rss_slope_mib_per_min=verdict["rss_slope_mib_per_min"],
+            ttft_p95_s=p95,
+            ttft_p95_rise=verdict["ttft_p95_rise"],
+            samples=verdict["samples"],
+            recycle=verdict["recycle"],
+            reason=verdict["reason"],
+        )
         code = 0
         if verdict["recycle"] and cfg.get("action", "recycle") == "recycle" and not self.dry_run:
             try:
                 self.cycle()
-                state.update(recycles=state.get("recycles", 0) + 1, last_recycle=time.time(), history=[],
-                             buckets=None, pid=None, last_recycle_kind=verdict["classification"])
+                state.update(
+                    recycles=state.get("recycles", 0) + 1,
+                    last_recycle=time.time(),
+                    history=[],
+                    buckets=None,
+                    pid=None,
+                    last_recycle_kind=verdict["classification"],
+                )
                 verdict["recycled"] = True
             except Exception as exc:
                 state["failures"] = state.get("failures", 0) + 1
@@ -214,9 +251,14 @@ class Agent:
         if cfg.get("textfile"):
             atomic_write(cfg["textfile"], self.rc.textfile(verdict, state))
         if cfg.get("status_file"):
-            status = dict(verdict, time=time.time(), recycles=state.get("recycles", 0),
-                          failures=state.get("failures", 0), last_recycle=state.get("last_recycle"),
-                          last_recycle_kind=state.get("last_recycle_kind"))
+            status = dict(
+                verdict,
+                time=time.time(),
+                recycles=state.get("recycles", 0),
+                failures=state.get("failures", 0),
+                last_recycle=state.get("last_recycle"),
+                last_recycle_kind=state.get("last_recycle_kind"),
+            )
             atomic_write(cfg["status_file"], json.dumps(status, indent=1) + "\n")
 
 
@@ -233,17 +275,25 @@ def main(argv=None):
         return 2
     sys.path.insert(0, config.get("lib_dir", "/usr/local/lib/gpufleet"))
     try:
+        import _haproxy as hx
+        import _http as web
         import _recycle as rc
         import _vllm_metrics as vm
     except ImportError as exc:
-        print("gpufleet-worker-recycle: %s (the role installs _recycle.py and _vllm_metrics.py in %s)"
-              % (exc, config.get("lib_dir")), file=sys.stderr)
+        print(
+            "gpufleet-worker-recycle: %s (the role installs _haproxy.py, _http.py, _recycle.py and _vllm_metrics.py "
+            "in %s)" % (exc, config.get("lib_dir")),
+            file=sys.stderr,
+        )
         return 2
     if vm.MISSING_LIBRARY:
-        print("gpufleet-worker-recycle: the Python library prometheus-client is missing (Debian: "
-              "python3-prometheus-client): %s" % vm.MISSING_LIBRARY, file=sys.stderr)
+        print(
+            "gpufleet-worker-recycle: the Python library prometheus-client is missing (Debian: "
+            "python3-prometheus-client): %s" % vm.MISSING_LIBRARY,
+            file=sys.stderr,
+        )
         return 2
-    return Agent(config, vm, rc, dry_run=args.dry_run).run()
+    return Agent(config, vm, rc, hx, web, dry_run=args.dry_run).run()
 
 
 if __name__ == "__main__":

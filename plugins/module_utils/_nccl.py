@@ -21,14 +21,14 @@ Three pieces of field knowledge live here:
 ``judge`` puts them together and fails closed: anything it cannot vouch for is a failure with a
 reason that names what was measured, what was expected, and the likely cause.
 """
+
 from __future__ import annotations
 
 import itertools
-import os
+import math
 import re
-import signal
-import subprocess
-import time
+
+from ansible_collections.gpufleet.node.plugins.module_utils import _pcipath, _proc
 
 # --------------------------------------------------------------------------------------------
 # Command line
@@ -52,49 +52,32 @@ def build_argv(binary, min_bytes, max_bytes, step_factor, gpus, iters, warmup_it
     """The argv of one all_reduce_perf run (one process, ``gpus`` GPUs driven by one thread)."""
     return [
         binary,
-        "-b", str(parse_size(min_bytes)),
-        "-e", str(parse_size(max_bytes)),
-        "-f", str(step_factor),
-        "-g", str(gpus),
-        "-n", str(iters),
-        "-w", str(warmup_iters),
-        "-c", "1" if check else "0",
+        "-b",
+        str(parse_size(min_bytes)),
+        "-e",
+        str(parse_size(max_bytes)),
+        "-f",
+        str(step_factor),
+        "-g",
+        str(gpus),
+        "-n",
+        str(iters),
+        "-w",
+        str(warmup_iters),
+        "-c",
+        "1" if check else "0",
     ]
 
 
 def run(argv, environment=None, timeout=900):
     """Run one all_reduce_perf; returns ``(rc, output, timed_out, seconds)``.
 
-    The child starts in a new session (its own process group), so that on expiry of ``timeout``
-    the whole group -- the test and any rank or helper it forked -- gets SIGTERM, then SIGKILL
-    5 s later.  ``rc`` is None after a timeout.  stderr is merged into stdout so that the NCCL
-    log lines stay where they were printed.  (Ansible's run_command has no timeout, which is why
-    the module does not use it.)  ``LC_ALL=C`` is always set.
+    ``_proc.run`` does the waiting: its own process group, killed on expiry of ``timeout``
+    (SIGTERM, then SIGKILL 5 s later); ``rc`` is None after a timeout.  stderr is merged into
+    stdout so that the NCCL log lines stay where they were printed.  ``LC_ALL=C`` is always set.
     """
-    env = dict(os.environ)
-    env.update({str(k): str(v) for k, v in (environment or {}).items()})
-    env["LC_ALL"] = "C"
-    started = time.monotonic()
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    timed_out = False
-    out = b""
-    try:
-        out = proc.communicate(timeout=timeout)[0]
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
-            try:
-                out = proc.communicate(timeout=5)[0]
-                break
-            except subprocess.TimeoutExpired:
-                continue
-    rc = None if timed_out else proc.returncode
-    return rc, (out or b"").decode("utf-8", "replace"), timed_out, time.monotonic() - started
+    result = _proc.run(argv, timeout, environment, merge_stderr=True)
+    return result.rc, result.stdout, result.timed_out, result.seconds
 
 
 # --------------------------------------------------------------------------------------------
@@ -104,24 +87,34 @@ def run(argv, environment=None, timeout=900):
 # Launcher prefixes, removed before anything else looks at a line.
 _PREFIXES = (
     re.compile(r"^\[\d+,\d+\]<(?:stdout|stderr)>:"),  # Open MPI --tag-output
-    re.compile(r"^\s*\d+: "),                        # Slurm srun -l / --label
-    re.compile(r"^\[\d+\] "),                        # mpirun -prepend-rank style "[0] "
+    re.compile(r"^\s*\d+: "),  # Slurm srun -l / --label
+    re.compile(r"^\[\d+\] "),  # mpirun -prepend-rank style "[0] "
 )
 _OOB_RE = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)\s+(OK|FAILED)\b")
-_AVG_RE = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([-+0-9.eE]+|nan|inf)")
+_AVG_RE = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([-+]?(?:nan|inf)\w*|[-+0-9.eE]+)", re.IGNORECASE)
 _PARAMS_RE = re.compile(
     r"^#?\s*nThread\s+(?P<nthread>\d+)\s+nGpus\s+(?P<ngpus>\d+)\s+minBytes\s+(?P<min>\d+)\s+"
     r"maxBytes\s+(?P<max>\d+)\s+step:\s*(?P<step>\d+)\((?P<steptype>factor|bytes)\)"
     r"\s+warmup iters:\s*(?P<warmup>\d+)\s+iters:\s*(?P<iters>\d+)"
-    r"(?:\s+agg iters:\s*\d+)?\s+validation:\s*(?P<validation>\d+)")
+    r"(?:\s+agg iters:\s*\d+)?\s+validation:\s*(?P<validation>\d+)"
+)
 _DEVICE_RE = re.compile(
     r"^#\s+Rank\s+(?P<rank>\d+)(?:\s+Group\s+\d+)?(?:\s+Pid\s+\d+)?\s+on\s+(?P<host>\S+)\s+device\s+"
-    r"(?P<device>\d+)\s+\[(?P<bus>[0-9a-fA-Fx:]+)\]\s+(?P<name>.+?)\s*$")
+    r"(?P<device>\d+)\s+\[(?P<bus>[0-9a-fA-Fx:]+)\]\s+(?P<name>.+?)\s*$"
+)
 _VERSION_RE = re.compile(r"^#\s*nccl-tests version\s+(\S+)")
 
 # Column names as nccl-tests prints them, by the key they get in a row.
-_PREAMBLE_KEYS = {"size": "size", "bytes": "size", "count": "count", "n": "count", "type": "type",
-                  "redop": "redop", "op": "redop", "root": "root"}
+_PREAMBLE_KEYS = {
+    "size": "size",
+    "bytes": "size",
+    "count": "count",
+    "n": "count",
+    "type": "type",
+    "redop": "redop",
+    "op": "redop",
+    "root": "root",
+}
 _WRONG_NAMES = ("#wrong", "error", "res")
 
 
@@ -133,7 +126,7 @@ def strip_prefix(line):
     for rx in _PREFIXES:
         m = rx.match(line)
         if m:
-            return line[m.end():]
+            return line[m.end() :]
     return line
 
 
@@ -191,8 +184,8 @@ def _row(tokens, keys, wrong_name):
                 if not re.match(r"^[A-Za-z][A-Za-z0-9_]*$", tok):
                     return None
                 row[key] = tok
-        rest = tokens[len(keys):]
-        for (place, offset) in (("oop", 0), ("ip", 4)):
+        rest = tokens[len(keys) :]
+        for place, offset in (("oop", 0), ("ip", 4)):
             row["time_" + place] = float(rest[offset])
             row["algbw_" + place] = float(rest[offset + 1])
             row["busbw_" + place] = float(rest[offset + 2])
@@ -216,9 +209,19 @@ def parse(text):
     where nccl-tests reported a test failure).
     """
     out = {
-        "rows": [], "columns": None, "has_root": None, "header_found": False,
-        "out_of_bounds": None, "oob_status": None, "avg_busbw_gbps": None, "footer": False,
-        "params": None, "devices": [], "version": None, "noise_lines": 0, "failures": [],
+        "rows": [],
+        "columns": None,
+        "has_root": None,
+        "header_found": False,
+        "out_of_bounds": None,
+        "oob_status": None,
+        "avg_busbw_gbps": None,
+        "footer": False,
+        "params": None,
+        "devices": [],
+        "version": None,
+        "noise_lines": 0,
+        "failures": [],
     }
     layout = None
     for raw in text.splitlines():
@@ -241,13 +244,19 @@ def parse(text):
                 continue
             m = _AVG_RE.match(stripped)
             if m:
-                out["avg_busbw_gbps"] = float(m.group(1))
+                out["avg_busbw_gbps"] = _number(m.group(1))
                 continue
             m = _DEVICE_RE.match(stripped)
             if m:
-                out["devices"].append({"rank": int(m.group("rank")), "host": m.group("host"),
-                                       "device": int(m.group("device")), "bus_id": m.group("bus"),
-                                       "name": m.group("name")})
+                out["devices"].append(
+                    {
+                        "rank": int(m.group("rank")),
+                        "host": m.group("host"),
+                        "device": int(m.group("device")),
+                        "bus_id": m.group("bus"),
+                        "name": m.group("name"),
+                    }
+                )
                 continue
             m = _PARAMS_RE.match(stripped)
             if m:
@@ -273,12 +282,26 @@ def parse(text):
     return out
 
 
+def _number(text):
+    """A printed figure as a float; NaN where it is not one (C's printf writes ``-nan`` too)."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
 def _params(m):
-    return {"nthread": int(m.group("nthread")), "ngpus": int(m.group("ngpus")),
-            "min_bytes": int(m.group("min")), "max_bytes": int(m.group("max")),
-            "step": int(m.group("step")), "step_type": m.group("steptype"),
-            "warmup_iters": int(m.group("warmup")), "iters": int(m.group("iters")),
-            "validation": int(m.group("validation"))}
+    return {
+        "nthread": int(m.group("nthread")),
+        "ngpus": int(m.group("ngpus")),
+        "min_bytes": int(m.group("min")),
+        "max_bytes": int(m.group("max")),
+        "step": int(m.group("step")),
+        "step_type": m.group("steptype"),
+        "warmup_iters": int(m.group("warmup")),
+        "iters": int(m.group("iters")),
+        "validation": int(m.group("validation")),
+    }
 
 
 def judged_busbw(rows, judge_sizes):
@@ -287,11 +310,13 @@ def judged_busbw(rows, judge_sizes):
     The lowest of the out-of-place and in-place bus bandwidths over those sizes: the gate
     vouches for what the node does at every large size, never for an average that small sizes
     drag down (``# Avg bus bandwidth`` is the mean over all sizes).
-    Returns ``(value, judged_rows)``.
+    Returns ``(value, judged_rows)``; the value is NaN when any of those figures is not finite
+    (``min`` with a NaN depends on the order, so it is never left to decide).
     """
-    sizes = sorted({r["size"] for r in rows}, reverse=True)[:max(1, judge_sizes)]
+    sizes = sorted({r["size"] for r in rows}, reverse=True)[: max(1, judge_sizes)]
     judged = [r for r in rows if r["size"] in sizes]
-    value = min(min(r["busbw_oop"], r["busbw_ip"]) for r in judged)
+    figures = [r[k] for r in judged for k in ("busbw_oop", "busbw_ip")]
+    value = min(figures) if all(math.isfinite(f) for f in figures) else math.nan
     return value, judged
 
 
@@ -317,23 +342,8 @@ roughly halves bus bandwidth (NVIDIA/nccl issue 700); 8-GPU NVLink all-reduce re
 NVLink SHARP systems clear the bar with room); Azure's per-SKU floors (228 for 8x A100, 460
 for 8x H100 at 8-16 GB) are of the same order (FACTS.md, nccl-tests section)."""
 
-# GT/s and line-code efficiency per PCIe generation.
-PCIE_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
-PCIE_ENCODING = {1: 0.8, 2: 0.8, 3: 128 / 130, 4: 128 / 130, 5: 128 / 130, 6: 242 / 256}
-#: Fraction of the raw link rate an all-reduce hop reaches on each nvidia-smi path class.
-PATH_EFFICIENCY = {"PIX": 0.80, "PXB": 0.80, "PHB": 0.78, "NODE": 0.60, "SYS": 0.50}
-NVLINK_GBPS_PER_LINK = 25.0
-NVLINK5_GBPS_PER_LINK = 50.0
-NVLINK_EFFICIENCY = 0.80
-_NVLINK5_NAMES = ("B100", "B200", "B300", "GB200", "GB300")
-_NV_RE = re.compile(r"^NV(\d+)$")
-
-
-def pcie_raw_gbps(gen, width):
-    """Raw PCIe rate per direction in GB/s (Gen4 x16 = 31.5)."""
-    if gen not in PCIE_GTS or not width:
-        raise ValueError(f"unknown PCIe link: gen {gen!r} width {width!r}")
-    return PCIE_GTS[gen] * width * PCIE_ENCODING[gen] / 8.0
+# The figures (PCIe rates, path-class efficiencies, NVLink rates) and the valuation of one hop
+# live with the path vocabulary in _pcipath; the gate's ring model is here.
 
 
 def _gpu_key(gpu):
@@ -352,24 +362,21 @@ def _hop(topology, gi, gj):
     if cls is None:
         raise ValueError(f"the topology facts have no link type between {_gpu_key(gi)} and {_gpu_key(gj)}")
     cls = str(cls).upper()
-    m = _NV_RE.match(cls)
-    if m:
-        count = int(m.group(1))
-        names = (str(gi.get("name", "")) + " " + str(gj.get("name", ""))).upper()
-        per_link = NVLINK5_GBPS_PER_LINK if any(n in names for n in _NVLINK5_NAMES) else NVLINK_GBPS_PER_LINK
-        gbps = count * per_link * NVLINK_EFFICIENCY
-        return cls, gbps, f"{cls}: {count} links x {per_link:g} GB/s x {NVLINK_EFFICIENCY:g}"
-    if cls not in PATH_EFFICIENCY:
-        raise ValueError(f"unknown link type {cls!r} between {_gpu_key(gi)} and {_gpu_key(gj)}")
-    pi, pj = _pcie(gi), _pcie(gj)
-    try:
-        gen = min(int(pi["gen_max"]), int(pj["gen_max"]))
-        width = min(int(pi["width_max"]), int(pj["width_max"]))
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(f"the topology facts lack pcie.gen_max/width_max for {_gpu_key(gi)} or {_gpu_key(gj)}") from None
-    raw = pcie_raw_gbps(gen, width)
-    eff = PATH_EFFICIENCY[cls]
-    return cls, raw * eff, f"{cls}: PCIe Gen{gen} x{width} {raw:.2f} GB/s x {eff:g}"
+    gen = width = None
+    if _pcipath.nvlink_count(cls) is None:
+        if cls not in _pcipath.PATH_EFFICIENCY:
+            raise ValueError(f"unknown link type {cls!r} between {_gpu_key(gi)} and {_gpu_key(gj)}")
+        pi, pj = _pcie(gi), _pcie(gj)
+        try:
+            gen = min(int(pi["gen_max"]), int(pj["gen_max"]))
+            width = min(int(pi["width_max"]), int(pj["width_max"]))
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(
+                f"the topology facts lack pcie.gen_max/width_max for {_gpu_key(gi)} or {_gpu_key(gj)}"
+            ) from None
+    names = str(gi.get("name", "")) + " " + str(gj.get("name", ""))
+    gbps, basis = _pcipath.hop_gbps(cls, gen, width, names)
+    return cls, gbps, basis
 
 
 def select_gpus(topology, count=None, visible=None):
@@ -414,9 +421,13 @@ def expected_busbw(topology, count=None, visible=None):
     (gbps, k), order = best
     a, b = order[k], order[(k + 1) % len(order)]
     cls, basis = hops[(a, b)][0], hops[(a, b)][2]
-    return {"expected_gbps": round(gbps, 2), "worst_link": cls,
-            "worst_pair": [gpus[a]["index"], gpus[b]["index"]],
-            "ring": [gpus[i]["index"] for i in order], "basis": basis}
+    return {
+        "expected_gbps": round(gbps, 2),
+        "worst_link": cls,
+        "worst_pair": [gpus[a]["index"], gpus[b]["index"]],
+        "ring": [gpus[i]["index"] for i in order],
+        "basis": basis,
+    }
 
 
 def diagnose(topology, environment=None, measured=None, expected=None):
@@ -436,22 +447,28 @@ def diagnose(topology, environment=None, measured=None, expected=None):
             continue
         if wc < wm:
             port = f" below port {g['upstream_port']}" if g.get("upstream_port") else ""
-            causes.append("GPU%s (%s) trained to x%d of x%d%s: a link trained down (reseat the card, check "
-                          "the riser/slot and AER errors)" % (g.get("index"), g.get("pci_bus_id", "?"), wc, wm, port))
+            causes.append(
+                "GPU%s (%s) trained to x%d of x%d%s: a link trained down (reseat the card, check "
+                "the riser/slot and AER errors)" % (g.get("index"), g.get("pci_bus_id", "?"), wc, wm, port)
+            )
     links = topology.get("links") or {}
     p2p_read = (topology.get("p2p") or {}).get("read") or {}
     redirecting = ((topology.get("pci_tree") or {}).get("redirecting")) or {}
     blocked, bridges = [], set()
     for a, row in sorted(p2p_read.items()):
         for b, status in sorted(row.items()):
-            if a < b and status not in ("OK", "X") and not _NV_RE.match(str((links.get(a) or {}).get(b, ""))):
+            if a < b and status not in ("OK", "X") and _pcipath.nvlink_count((links.get(a) or {}).get(b)) is None:
                 blocked.append(f"{a}-{b} {status}")
                 bridges.update((redirecting.get(a) or {}).get(b) or [])
     if blocked:
         where = f" (redirecting bridges: {', '.join(sorted(bridges))})" if bridges else ""
-        causes.append("the topology facts showed peer-to-peer reads not OK between " + ", ".join(blocked) + where +
-                      ": ACS redirect on a bridge between the GPUs, unless it was cleared since "
-                      "(gpufleet.node.pcie_acs), or P2P disabled")
+        causes.append(
+            "the topology facts showed peer-to-peer reads not OK between "
+            + ", ".join(blocked)
+            + where
+            + ": ACS redirect on a bridge between the GPUs, unless it was cleared since "
+            "(gpufleet.node.pcie_acs), or P2P disabled"
+        )
     env = environment or {}
     if str(env.get("NCCL_P2P_DISABLE", "0")) not in ("0", ""):
         causes.append("NCCL_P2P_DISABLE is set: NCCL copies through host memory")
@@ -460,11 +477,14 @@ def diagnose(topology, environment=None, measured=None, expected=None):
     if not causes and measured is not None and expected:
         ratio = measured / expected
         if 0.3 <= ratio <= 0.65:
-            causes.append("about half the expected bandwidth: typical of ACS P2P redirect sending peer "
-                          "traffic through the root complex, or of a link trained down")
+            causes.append(
+                "about half the expected bandwidth: typical of ACS P2P redirect sending peer "
+                "traffic through the root complex, or of a link trained down"
+            )
         else:
-            causes.append("check ACS on the bridges between the GPUs, the links' trained width/speed, "
-                          "and that the GPUs are idle")
+            causes.append(
+                "check ACS on the bridges between the GPUs, the links' trained width/speed, and that the GPUs are idle"
+            )
     return causes
 
 
@@ -472,69 +492,165 @@ def diagnose(topology, environment=None, measured=None, expected=None):
 # Verdict
 # --------------------------------------------------------------------------------------------
 
-def judge(parsed, threshold_gbps, judge_sizes=2, rc=0, timed_out=False, timeout=None,
-          expected_gbps=None, causes=None):
+
+def non_finite(parsed):
+    """The figures of a parsed run that are not finite numbers, as ``'busbw_ip nan at 4294967296 B'``.
+
+    nccl-tests prints ``nan``/``inf`` (and C's ``-nan``) when a timer or a kernel failed; every
+    comparison with NaN is false, so such a figure must fail the gate, never pass it."""
+    bad = []
+    for row in parsed["rows"]:
+        for key in ("time_oop", "algbw_oop", "busbw_oop", "error_oop", "time_ip", "algbw_ip", "busbw_ip", "error_ip"):
+            value = row.get(key)
+            if value is not None and not math.isfinite(value):
+                bad.append(f"{key} {value} at {row['size']} B")
+    avg = parsed.get("avg_busbw_gbps")
+    if avg is not None and not math.isfinite(avg):
+        bad.append(f"'# Avg bus bandwidth : {avg}'")
+    return bad
+
+
+def unvalidated(rows):
+    """Sizes whose correctness cell reads ``N/A`` (nothing was checked) in either place."""
+    return [
+        r["size"]
+        for r in rows
+        if any(r.get("wrong_" + p) is None and r.get("error_" + p) is None for p in ("oop", "ip"))
+    ]
+
+
+def json_safe(value):
+    """``value`` with every non-finite float replaced by None (JSON has no NaN or Infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def judge(
+    parsed,
+    threshold_gbps,
+    judge_sizes=2,
+    rc=0,
+    timed_out=False,
+    timeout=None,
+    expected_gbps=None,
+    causes=None,
+    check=None,
+):
     """Fail-closed verdict on one parsed run.
 
     Returns a dict: ``passed`` (bool), ``reason`` (one sentence, measured against expected and
     the likely cause), ``kind`` (``ok``, ``timeout``, ``exit``, ``wrong``, ``out_of_bounds``,
-    ``no_rows``, ``truncated``, ``low_bandwidth``), ``judged_busbw_gbps``, ``judged_rows``.
-    Correctness and completeness come before bandwidth: a fast wrong answer is still wrong.
+    ``no_rows``, ``truncated``, ``non_finite``, ``unvalidated``, ``low_bandwidth``),
+    ``judged_busbw_gbps`` (None unless a finite figure), ``judged_rows``.
+    Correctness and completeness come before bandwidth: a fast wrong answer is still wrong, a
+    NaN or infinite figure was not measured, and with ``check`` (data checking asked, ``-c 1``;
+    None: as the ``# nThread ... validation:`` line says) a ``#wrong`` of ``N/A`` means nothing
+    was validated.  A threshold that is not a finite positive number is a ValueError.
     """
+    if (
+        isinstance(threshold_gbps, bool)
+        or not isinstance(threshold_gbps, (int, float))
+        or not math.isfinite(threshold_gbps)
+        or threshold_gbps <= 0
+    ):
+        raise ValueError(f"the threshold must be a finite number of GB/s above 0, got {threshold_gbps!r}")
     rows = parsed["rows"]
     verdict = {"passed": False, "judged_busbw_gbps": None, "judged_rows": [], "kind": None, "reason": None}
     if rows:
-        verdict["judged_busbw_gbps"], verdict["judged_rows"] = judged_busbw(rows, judge_sizes)
+        value, verdict["judged_rows"] = judged_busbw(rows, judge_sizes)
+        verdict["judged_busbw_gbps"] = value if math.isfinite(value) else None
     last = f" (last size measured: {rows[-1]['size']} B)" if rows else ""
     if timed_out:
         verdict["kind"] = "timeout"
-        verdict["reason"] = (f"all_reduce_perf did not finish within {timeout} s and its process group was "
-                             f"killed{last}: a hang like this is typical of peer traffic that cannot flow "
-                             "(ACS redirect on AMD root ports, a dead NVLink, a wedged GPU)")
+        verdict["reason"] = (
+            f"all_reduce_perf did not finish within {timeout} s and its process group was "
+            f"killed{last}: a hang like this is typical of peer traffic that cannot flow "
+            "(ACS redirect on AMD root ports, a dead NVLink, a wedged GPU)"
+        )
         return verdict
-    wrong = [(r["size"], r["wrong_oop"], r["wrong_ip"]) for r in rows
-             if (r["wrong_oop"] or 0) > 0 or (r["wrong_ip"] or 0) > 0]
+    wrong = [
+        (r["size"], r["wrong_oop"], r["wrong_ip"])
+        for r in rows
+        if (r["wrong_oop"] or 0) > 0 or (r["wrong_ip"] or 0) > 0
+    ]
     if wrong:
         size, w_oop, w_ip = wrong[0]
         verdict["kind"] = "wrong"
-        verdict["reason"] = (f"all-reduce returned wrong results: #wrong {w_oop} out-of-place and {w_ip} in-place "
-                             f"at {size} B ({len(wrong)} size(s) affected): data corruption on the peer path "
-                             "(faulty GPU, link or switch, or an NCCL/driver bug); never serve from this node")
+        verdict["reason"] = (
+            f"all-reduce returned wrong results: #wrong {w_oop} out-of-place and {w_ip} in-place "
+            f"at {size} B ({len(wrong)} size(s) affected): data corruption on the peer path "
+            "(faulty GPU, link or switch, or an NCCL/driver bug); never serve from this node"
+        )
         return verdict
     if parsed["oob_status"] == "FAILED" or (parsed["out_of_bounds"] or 0) > 0:
         verdict["kind"] = "out_of_bounds"
-        verdict["reason"] = (f"nccl-tests reported '# Out of bounds values : {parsed['out_of_bounds']} "
-                             f"{parsed['oob_status']}': results outside tolerance, data corruption on the peer path")
+        verdict["reason"] = (
+            f"nccl-tests reported '# Out of bounds values : {parsed['out_of_bounds']} "
+            f"{parsed['oob_status']}': results outside tolerance, data corruption on the peer path"
+        )
         return verdict
     if rc != 0:
         detail = f"; it said: {parsed['failures'][0]}" if parsed["failures"] else ""
         how = f"was killed by signal {-rc}" if rc is not None and rc < 0 else f"exited with status {rc}"
         verdict["kind"] = "exit"
-        verdict["reason"] = (f"all_reduce_perf {how}{last}{detail}: the run failed, "
-                             "so nothing it printed is vouched for")
+        verdict["reason"] = f"all_reduce_perf {how}{last}{detail}: the run failed, so nothing it printed is vouched for"
         return verdict
     if not rows:
         verdict["kind"] = "no_rows"
-        verdict["reason"] = ("all_reduce_perf printed no data rows" +
-                             ("" if parsed["header_found"] else " (and no column header)") +
-                             ": the test did not run (no GPUs visible, an NCCL init failure, or an unknown output format)")
+        verdict["reason"] = (
+            "all_reduce_perf printed no data rows"
+            + ("" if parsed["header_found"] else " (and no column header)")
+            + ": the test did not run (no GPUs visible, an NCCL init failure, or an unknown output format)"
+        )
         return verdict
     if not parsed["footer"]:
         verdict["kind"] = "truncated"
-        verdict["reason"] = (f"the output stops without the '# Out of bounds values' / '# Avg bus bandwidth' "
-                             f"footers{last}: the run was cut short (crash, kill, or a lost pipe)")
+        verdict["reason"] = (
+            f"the output stops without the '# Out of bounds values' / '# Avg bus bandwidth' "
+            f"footers{last}: the run was cut short (crash, kill, or a lost pipe)"
+        )
+        return verdict
+    bad = non_finite(parsed)
+    if bad:
+        verdict["kind"] = "non_finite"
+        verdict["reason"] = (
+            f"all_reduce_perf printed {len(bad)} figure(s) that are not finite numbers "
+            f"({'; '.join(bad[:3])}{'; ...' if len(bad) > 3 else ''}): a NaN or infinite "
+            "bandwidth was not measured (a failed kernel or timer, or a corrupt output), so "
+            "nothing is vouched for; run all_reduce_perf by hand and look at its errors"
+        )
+        return verdict
+    if check is None:
+        check = bool((parsed.get("params") or {}).get("validation"))
+    unchecked = unvalidated(rows) if check else []
+    if unchecked:
+        verdict["kind"] = "unvalidated"
+        verdict["reason"] = (
+            f"data checking was asked (-c 1) but the {'#wrong' if parsed['columns'] == 'new' else 'error'} "
+            f"column reads N/A at {len(unchecked)} size(s) (first {unchecked[0]} B): nothing was "
+            "validated, so the results are not vouched for; use an all_reduce_perf that "
+            "honours -c (not a wrapper that drops it)"
+        )
         return verdict
     measured = verdict["judged_busbw_gbps"]
     sizes = sorted({r["size"] for r in verdict["judged_rows"]})
-    if measured < threshold_gbps:
+    if not measured >= threshold_gbps:
         verdict["kind"] = "low_bandwidth"
         why = "; ".join(causes or []) or "no likely cause found in the facts"
         model = f" (a healthy node of this design reaches {expected_gbps:.2f})" if expected_gbps else ""
-        verdict["reason"] = (f"bus bandwidth {measured:.2f} GB/s at sizes {sizes} B is under the threshold "
-                             f"{threshold_gbps:.2f} GB/s{model}; likely cause: {why}")
+        verdict["reason"] = (
+            f"bus bandwidth {measured:.2f} GB/s at sizes {sizes} B is under the threshold "
+            f"{threshold_gbps:.2f} GB/s{model}; likely cause: {why}"
+        )
         return verdict
     verdict["passed"] = True
     verdict["kind"] = "ok"
-    verdict["reason"] = (f"bus bandwidth {measured:.2f} GB/s at sizes {sizes} B meets the threshold "
-                         f"{threshold_gbps:.2f} GB/s")
+    verdict["reason"] = (
+        f"bus bandwidth {measured:.2f} GB/s at sizes {sizes} B meets the threshold {threshold_gbps:.2f} GB/s"
+    )
     return verdict

@@ -20,14 +20,22 @@ is reported as the fullest engine's (a sum of fractions means nothing).
 Sampling over a window (``summarize``) uses the increase of the histograms between the first and
 the last scrape, so the quantiles describe the window, not everything since the server started.
 
+Samples it uses that are not finite non-negative numbers (NaN, +-Inf) fail the scrape, and
+thresholds that are not finite numbers in their range are refused (``check_thresholds``): a
+comparison with NaN is always false, so either would pass a server nobody measured.
+
 No Ansible here; the only third-party import is prometheus_client (``MISSING_LIBRARY`` says so).
+It imports nothing else of the collection: the worker-recycle agent copies it beside itself.
+Fetching is ``_http``'s (the modules fetch, this file reads what they fetched).
 """
+
 from __future__ import annotations
 
 import math
 
 try:
     from prometheus_client.parser import text_string_to_metric_families
+
     MISSING_LIBRARY = None
 except ImportError as _exc:  # the module reports it with missing_required_lib()
     text_string_to_metric_families = None
@@ -62,24 +70,75 @@ ADVICE = {
     "kv_cache_usage": (
         "the KV cache is near full at peak: vLLM preempts and recomputes running requests and "
         "streams stall. Cap max_num_seqs so the pool holds the concurrency you admit, use an fp8 "
-        "kv_cache_dtype, or give the model more GPUs (keep usage under {threshold} at peak)"),
+        "kv_cache_dtype, or give the model more GPUs (keep usage under {threshold} at peak)"
+    ),
     "num_requests_waiting": (
         "a sustained waiting queue means prefill starvation: lower max_num_batched_tokens (e.g. "
-        "4096 -> 2048) to interleave decode steps, or add capacity behind the balancer"),
+        "4096 -> 2048) to interleave decode steps, or add capacity behind the balancer"
+    ),
     "preemptions": (
         "preemptions are climbing: the KV pool is oversubscribed. Lower max_num_seqs (or the "
         "oversubscription factor of the plan), shorten max_model_len to the measured prompt p99, "
         "or use an fp8 KV cache; host swap is no remedy (vLLM V1 recomputes, and swapping turns a "
-        "crash into a 40x slowdown)"),
+        "crash into a 40x slowdown)"
+    ),
     "ttft_p95": (
         "TTFT p95 is above the target: look at the waiting queue and preemptions first; with both "
         "quiet, a TTFT that rises with resident memory is fragmentation (recycle the worker), one "
-        "that rises with flat memory is placement or preemption"),
+        "that rises with flat memory is placement or preemption"
+    ),
+}
+
+
+#: Each threshold's range (inclusive): a value outside it, or not a finite number, is refused.
+THRESHOLD_RANGES = {
+    "max_kv_cache_usage": (0.0, 1.0),
+    "max_num_requests_waiting": (0, math.inf),
+    "waiting_sustained_samples": (1, math.inf),
+    "max_preemptions": (0, math.inf),
+    "max_ttft_p95_seconds": (0.0, math.inf),
 }
 
 
 class MetricsError(Exception):
-    """A /metrics text that cannot be read as Prometheus exposition."""
+    """A /metrics text that cannot be read as Prometheus exposition, or figures that cannot be judged."""
+
+
+class ScrapeError(MetricsError):
+    """No /metrics text came back (the message names the URL)."""
+
+
+def judging_spec():
+    """The options of every module that judges a vLLM server, for its argument_spec."""
+    return {"max_ttft_p95_seconds": {"type": "float"}, "report_only": {"type": "bool", "default": False}}
+
+
+def gauge_values(scrape):
+    """{figure: value or None} of every gauge figure of a parsed scrape."""
+    return {figure: (scrape["gauges"][figure]["value"] if figure in scrape["gauges"] else None) for figure in GAUGES}
+
+
+def check_range(name, value, low, high=math.inf):
+    """ValueError naming ``name`` unless ``value`` is a finite number from ``low`` to ``high``.
+
+    A NaN compares false with every bound, so a threshold of ``nan`` would let everything pass:
+    it is refused here, with infinities, before anything is measured."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
+        bounds = f"at least {low:g}" if math.isinf(high) else f"from {low:g} to {high:g}"
+        raise ValueError(f"{name} must be a finite number {bounds}, got {value!r}")
+    return value
+
+
+def check_thresholds(thresholds):
+    """ValueError naming the first threshold (None: not judged) outside ``THRESHOLD_RANGES``."""
+    for name, value in thresholds.items():
+        if value is not None and name in THRESHOLD_RANGES:
+            check_range(name, value, *THRESHOLD_RANGES[name])
 
 
 def _require_library():
@@ -106,7 +165,8 @@ def parse(text):
             for sample in family.samples:
                 samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
     except (ValueError, TypeError, IndexError) as exc:
-        raise MetricsError("not Prometheus text exposition: %s" % exc)
+        raise MetricsError("not Prometheus text exposition: %s" % exc) from None
+    _refuse_non_finite(samples)
     scrape = {"gauges": {}, "histograms": {}, "engines": []}
     engines = set()
     for figure, names in GAUGES.items():
@@ -124,8 +184,12 @@ def parse(text):
                     per_engine[key] = per_engine.get(key, 0.0) + value
             values = [v for _labels, v in series]
             combined = max(values) if COMBINE.get(figure) == "max" else sum(values)
-            scrape["gauges"][figure] = {"value": combined, "series": len(series), "name": name,
-                                        "per_engine": per_engine}
+            scrape["gauges"][figure] = {
+                "value": combined,
+                "series": len(series),
+                "name": name,
+                "per_engine": per_engine,
+            }
             break
     for figure, names in HISTOGRAMS.items():
         for name in names:
@@ -143,11 +207,45 @@ def parse(text):
             merged = merge_buckets(list(by_series.values()))
             count = sum(v for _labels, v in samples.get(name + "_count", []))
             total = sum(v for _labels, v in samples.get(name + "_sum", []))
-            scrape["histograms"][figure] = {"buckets": merged, "count": count, "sum": total, "name": name,
-                                            "series": len(by_series)}
+            scrape["histograms"][figure] = {
+                "buckets": merged,
+                "count": count,
+                "sum": total,
+                "name": name,
+                "series": len(by_series),
+            }
             break
     scrape["engines"] = sorted(engines)
     return scrape
+
+
+def _used_names():
+    for names in GAUGES.values():
+        yield from names
+    for names in HISTOGRAMS.values():
+        for name in names:
+            yield from (name + "_bucket", name + "_count", name + "_sum")
+
+
+def _refuse_non_finite(samples):
+    """MetricsError for a NaN, an infinity or a negative value among the samples judged.
+
+    Every figure read here (counts, a fraction, latencies) is finite and never negative: a
+    server that exports anything else did not measure it, and a comparison with NaN is always
+    false, so judging it would pass anything. The ``le="+Inf"`` bucket bound is a label, not a
+    value, and stays allowed."""
+    bad = []
+    for name in _used_names():
+        for labels, value in samples.get(name, ()):
+            if not math.isfinite(value) or value < 0:
+                where = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                bad.append(f"{name}{{{where}}} = {value}")
+    if bad:
+        raise MetricsError(
+            "the server exports %d sample(s) that are not finite non-negative figures (%s%s): "
+            "it reports numbers it did not measure, so the scrape fails; look at the server's "
+            "engine and its metrics export" % (len(bad), "; ".join(bad[:3]), "; ..." if len(bad) > 3 else "")
+        )
 
 
 def merge_buckets(series):
@@ -221,24 +319,24 @@ def summarize(scrapes, interval=0.0, thresholds=None):
         raise MetricsError("no scrape to judge")
     limits = dict(DEFAULT_THRESHOLDS)
     limits.update({k: v for k, v in (thresholds or {}).items() if v is not None or k == "max_ttft_p95_seconds"})
+    try:
+        check_thresholds(limits)
+    except ValueError as exc:
+        raise MetricsError(str(exc)) from None
 
     def gauge(scrape, figure):
-        entry = scrape["gauges"].get(figure)
-        return entry["value"] if entry else None
+        return gauge_values(scrape)[figure]
 
-    samples = []
-    for stamp, scrape in scrapes:
-        samples.append({"time": round(stamp, 3),
-                        "kv_cache_usage_perc": gauge(scrape, "kv_cache_usage_perc"),
-                        "num_requests_running": gauge(scrape, "num_requests_running"),
-                        "num_requests_waiting": gauge(scrape, "num_requests_waiting"),
-                        "num_preemptions_total": gauge(scrape, "num_preemptions_total")})
+    samples = [dict({"time": round(stamp, 3)}, **gauge_values(scrape)) for stamp, scrape in scrapes]
     first, last = scrapes[0][1], scrapes[-1][1]
-    missing = [f for f in ("kv_cache_usage_perc", "num_requests_running", "num_requests_waiting")
-               if f not in last["gauges"]]
+    missing = [
+        f for f in ("kv_cache_usage_perc", "num_requests_running", "num_requests_waiting") if f not in last["gauges"]
+    ]
     if missing:
-        raise MetricsError("the server does not export %s: is this vLLM's /metrics (or was it started "
-                           "with --disable-log-stats)?" % ", ".join(GAUGES[f][0] for f in missing))
+        raise MetricsError(
+            "the server does not export %s: is this vLLM's /metrics (or was it started "
+            "with --disable-log-stats)?" % ", ".join(GAUGES[f][0] for f in missing)
+        )
 
     def peak(figure):
         values = [s[figure] for s in samples if s[figure] is not None]
@@ -282,9 +380,14 @@ def summarize(scrapes, interval=0.0, thresholds=None):
     violations = []
     kv_peak = metrics["kv_cache_usage_perc_peak"]
     if kv_peak is not None and kv_peak >= limits["max_kv_cache_usage"]:
-        violations.append(_violation("kv_cache_usage", kv_peak, limits["max_kv_cache_usage"],
-                                     "KV-cache usage peaked at %.3f (limit %.2f)"
-                                     % (kv_peak, limits["max_kv_cache_usage"])))
+        violations.append(
+            _violation(
+                "kv_cache_usage",
+                kv_peak,
+                limits["max_kv_cache_usage"],
+                "KV-cache usage peaked at %.3f (limit %.2f)" % (kv_peak, limits["max_kv_cache_usage"]),
+            )
+        )
     waits = [s["num_requests_waiting"] or 0 for s in samples]
     need = max(1, min(int(limits["waiting_sustained_samples"]), len(waits)))
     run = longest = 0
@@ -292,18 +395,35 @@ def summarize(scrapes, interval=0.0, thresholds=None):
         run = run + 1 if w > limits["max_num_requests_waiting"] else 0
         longest = max(longest, run)
     if longest >= need:
-        violations.append(_violation(
-            "num_requests_waiting", max(waits), limits["max_num_requests_waiting"],
-            "%d request(s) waiting, above %d for %d consecutive sample(s) of %d (%.0f s apart)"
-            % (max(waits), limits["max_num_requests_waiting"], longest, len(waits), float(interval or 0))))
+        violations.append(
+            _violation(
+                "num_requests_waiting",
+                max(waits),
+                limits["max_num_requests_waiting"],
+                "%d request(s) waiting, above %d for %d consecutive sample(s) of %d (%.0f s apart)"
+                % (max(waits), limits["max_num_requests_waiting"], longest, len(waits), float(interval or 0)),
+            )
+        )
     if pre_delta is not None and len(scrapes) > 1 and pre_delta > limits["max_preemptions"]:
-        violations.append(_violation("preemptions", pre_delta, limits["max_preemptions"],
-                                     "%d preemption(s) during the %.0f s window (allowed %d)"
-                                     % (pre_delta, float(scrapes[-1][0] - scrapes[0][0]), limits["max_preemptions"])))
+        violations.append(
+            _violation(
+                "preemptions",
+                pre_delta,
+                limits["max_preemptions"],
+                "%d preemption(s) during the %.0f s window (allowed %d)"
+                % (pre_delta, float(scrapes[-1][0] - scrapes[0][0]), limits["max_preemptions"]),
+            )
+        )
     p95 = metrics["ttft_seconds"].get("p95")
     if limits.get("max_ttft_p95_seconds") is not None and p95 is not None and p95 > limits["max_ttft_p95_seconds"]:
-        violations.append(_violation("ttft_p95", p95, limits["max_ttft_p95_seconds"],
-                                     "TTFT p95 %.3f s (limit %.3f s)" % (p95, float(limits["max_ttft_p95_seconds"]))))
+        violations.append(
+            _violation(
+                "ttft_p95",
+                p95,
+                limits["max_ttft_p95_seconds"],
+                "TTFT p95 %.3f s (limit %.3f s)" % (p95, float(limits["max_ttft_p95_seconds"])),
+            )
+        )
     return metrics, samples, violations
 
 
@@ -314,6 +434,7 @@ def scrape_window(fetch, count, interval, sleep=None, clock=None):
     fetcher's own exception).
     """
     import time
+
     sleep = sleep or time.sleep
     clock = clock or time.time
     scrapes = []

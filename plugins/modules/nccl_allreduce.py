@@ -18,7 +18,9 @@ description:
   - Fails closed. The task fails, with measured against expected and the likely cause, on a
     non-zero exit, a timeout (the whole process group is killed), C(#wrong) above 0, an
     C(# Out of bounds values ... FAILED) footer, a missing footer (truncated output), no data
-    rows, or a bus bandwidth under the threshold.
+    rows, a figure that is not a finite number (C(nan) or C(inf) anywhere in the table or the
+    average footer), a C(#wrong) of C(N/A) while O(check) asked for validation, or a bus
+    bandwidth under the threshold.
   - "O(min_busbw_gbps=auto) derives the threshold from the GPU topology facts
     (C(ansible_facts.gpu_topology) from M(gpufleet.node.gpu_topology_facts)): the bus bandwidth
     a HEALTHY node of this design reaches, times O(threshold_fraction). The model: the expected
@@ -50,9 +52,9 @@ options:
     default: all_reduce_perf
   min_busbw_gbps:
     description:
-      - Threshold for the judged bus bandwidth in GB/s, as a number (for example C("22") for 4x
-        PCIe Gen4 behind switches), or C(auto) to derive it from O(topology) (see the description
-        for the model).
+      - Threshold for the judged bus bandwidth in GB/s, as a finite number above 0 (for example
+        C("22") for 4x PCIe Gen4 behind switches), or C(auto) to derive it from O(topology) (see the
+        description for the model). C(nan), C(inf), C(0) and negative numbers are refused.
     type: str
     default: auto
   topology:
@@ -99,7 +101,8 @@ options:
   check:
     description:
       - Validate the results (C(-c 1)), so that wrong results fail the gate. With C(false) the
-        C(#wrong) column reads C(N/A) and only the bandwidth is judged.
+        C(#wrong) column reads C(N/A) and only the bandwidth is judged. With C(true), a C(#wrong) of
+        C(N/A) means nothing was validated, and fails the gate.
     type: bool
     default: true
   repeats:
@@ -134,9 +137,8 @@ attributes:
       - The result cannot be known without running the test, and the test occupies the GPUs;
         in check mode the module computes the threshold and the command but does not run it,
         and returns RV(passed=None).
-  diff_mode:
-    support: none
-    description: Nothing on the host changes.
+extends_documentation_fragment:
+  - gpufleet.node.attributes
 notes:
   - Run it on idle GPUs (before the inference server starts, or with it stopped); a busy GPU
     measures low and fails the gate.
@@ -230,7 +232,10 @@ reason:
   type: str
   sample: "bus bandwidth 11.70 GB/s at sizes [2147483648, 4294967296] B is under the threshold 22.12 GB/s ..."
 kind:
-  description: "The verdict's category: C(ok), C(low_bandwidth), C(wrong), C(out_of_bounds), C(exit), C(timeout), C(truncated), C(no_rows), or C(check_mode)."
+  description:
+    - "The verdict's category: C(ok), C(low_bandwidth), C(wrong), C(out_of_bounds), C(exit), C(timeout),
+      C(truncated), C(no_rows), C(non_finite) (a NaN or infinite figure was printed), C(unvalidated)
+      (O(check) asked for validation but C(#wrong) read N/A), or C(check_mode)."
   returned: always
   type: str
   sample: ok
@@ -300,6 +305,7 @@ stdout:
   type: str
 """
 
+import math
 import os
 import time
 
@@ -308,6 +314,10 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.node.plugins.module_utils import _nccl
 
 SEARCH_DIRS = ["/usr/local/bin", "/opt/nccl-tests/build", "/usr/local/nccl-tests/build"]
+#: The result's keys that only a run (or check mode) fills.
+VERDICT_KEYS = ("passed", "judged_busbw_gbps", "reason", "kind", "avg_busbw_gbps", "out_of_bounds", "timestamp")
+#: Options that count something and must be at least 1, with their defaults.
+COUNTS = {"step_factor": 2, "iters": 20, "repeats": 1, "judge_sizes": 2, "timeout": 900}
 
 
 def _visible_devices(environment, topology):
@@ -334,21 +344,17 @@ def _visible_devices(environment, topology):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
+            topology=dict(type="dict"),
             binary=dict(type="path", default="all_reduce_perf"),
             min_busbw_gbps=dict(type="str", default="auto"),
-            topology=dict(type="dict"),
             threshold_fraction=dict(type="float", default=0.9),
+            gpus=dict(type="int"),
             min_bytes=dict(type="str", default="256M"),
             max_bytes=dict(type="str", default="4G"),
-            step_factor=dict(type="int", default=2),
-            gpus=dict(type="int"),
-            iters=dict(type="int", default=20),
             warmup_iters=dict(type="int", default=5),
             check=dict(type="bool", default=True),
-            repeats=dict(type="int", default=1),
-            judge_sizes=dict(type="int", default=2),
-            timeout=dict(type="int", default=900),
             environment=dict(type="dict", default={}),
+            **{name: dict(type="int", default=default) for name, default in COUNTS.items()},
         ),
         required_if=[("min_busbw_gbps", "auto", ("topology",))],
         required_one_of=[("gpus", "topology")],
@@ -358,7 +364,7 @@ def main():
     environment = p["environment"] or {}
     topology = p["topology"]
 
-    for name in ("repeats", "judge_sizes", "timeout", "iters", "step_factor"):
+    for name in COUNTS:
         if p[name] < 1:
             module.fail_json(msg=f"{name} must be at least 1, got {p[name]}")
     try:
@@ -373,19 +379,23 @@ def main():
     if gpus is None:
         gpus = len(_nccl.select_gpus(topology, None, visible))
     if gpus < 1:
-        module.fail_json(msg="no GPUs to test: the topology facts list none; gather them with "
-                             "gpufleet.node.gpu_topology_facts or set gpus")
+        module.fail_json(
+            msg="no GPUs to test: the topology facts list none; gather them with "
+            "gpufleet.node.gpu_topology_facts or set gpus"
+        )
 
     expected, model = None, None
     if p["min_busbw_gbps"].strip().lower() == "auto":
         try:
             model = _nccl.expected_busbw(topology, gpus, visible)
         except (ValueError, KeyError, TypeError) as e:
-            module.fail_json(msg=f"cannot derive the auto threshold from the topology facts: {e}; pass "
-                                 "ansible_facts.gpu_topology from gpufleet.node.gpu_topology_facts, or set "
-                                 "min_busbw_gbps to a number")
+            module.fail_json(
+                msg=f"cannot derive the auto threshold from the topology facts: {e}; pass "
+                "ansible_facts.gpu_topology from gpufleet.node.gpu_topology_facts, or set "
+                "min_busbw_gbps to a number"
+            )
         expected = model.pop("expected_gbps")
-        if not 0 < p["threshold_fraction"] <= 1.5:
+        if not 0 < p["threshold_fraction"] <= 1.5:  # false for NaN too
             module.fail_json(msg=f"threshold_fraction must be in (0, 1.5], got {p['threshold_fraction']}")
         threshold = round(expected * p["threshold_fraction"], 2)
     else:
@@ -393,6 +403,11 @@ def main():
             threshold = float(p["min_busbw_gbps"])
         except ValueError:
             module.fail_json(msg=f"min_busbw_gbps must be a number of GB/s or 'auto', got {p['min_busbw_gbps']!r}")
+        if not math.isfinite(threshold):
+            module.fail_json(
+                msg=f"min_busbw_gbps must be a finite number of GB/s or 'auto', got "
+                f"{p['min_busbw_gbps']!r}: a NaN or infinite threshold can never be judged"
+            )
         if threshold <= 0:
             module.fail_json(msg=f"min_busbw_gbps must be positive, got {threshold}")
 
@@ -400,20 +415,25 @@ def main():
     if os.sep not in binary:
         binary = module.get_bin_path(binary, required=True, opt_dirs=SEARCH_DIRS)
     elif not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
-        module.fail_json(msg=f"{binary} is not an executable file: build nccl-tests "
-                             "(make -C nccl-tests) or point binary at all_reduce_perf")
-    argv = _nccl.build_argv(binary, min_bytes, max_bytes, p["step_factor"], gpus, p["iters"],
-                            p["warmup_iters"], p["check"])
+        module.fail_json(
+            msg=f"{binary} is not an executable file: build nccl-tests "
+            "(make -C nccl-tests) or point binary at all_reduce_perf"
+        )
+    argv = _nccl.build_argv(
+        binary, min_bytes, max_bytes, p["step_factor"], gpus, p["iters"], p["warmup_iters"], p["check"]
+    )
 
-    result = dict(changed=False, passed=None, judged_busbw_gbps=None, threshold_gbps=threshold,
-                  expected_busbw_gbps=expected, model=model, reason=None, kind=None, rows=[],
-                  avg_busbw_gbps=None, out_of_bounds=None, cmd=argv, duration_s=0.0, runs=[],
-                  timestamp=None)
+    # What is known before measuring; the verdict's keys stay null until a run gives them.
+    result = dict(changed=False, cmd=argv, threshold_gbps=threshold, expected_busbw_gbps=expected, model=model)
+    result.update(dict.fromkeys(VERDICT_KEYS), rows=[], runs=[], duration_s=0.0)
 
     if module.check_mode:
-        result.update(kind="check_mode", timestamp=time.time(),
-                      reason="check mode: all_reduce_perf was not run (the result cannot be known without "
-                             "measuring, and measuring occupies the GPUs)")
+        result.update(
+            kind="check_mode",
+            timestamp=time.time(),
+            reason="check mode: all_reduce_perf was not run (the result cannot be known without "
+            "measuring, and measuring occupies the GPUs)",
+        )
         module.exit_json(**result)
 
     best = None
@@ -427,16 +447,31 @@ def main():
             measured = _nccl.judged_busbw(rows, p["judge_sizes"])[0]
             if measured < threshold:
                 causes = _nccl.diagnose(topology, environment, measured, expected or threshold)
-        verdict = _nccl.judge(parsed, threshold, p["judge_sizes"], rc=rc, timed_out=timed_out,
-                              timeout=p["timeout"], expected_gbps=expected, causes=causes)
+        verdict = _nccl.judge(
+            parsed,
+            threshold,
+            p["judge_sizes"],
+            rc=rc,
+            timed_out=timed_out,
+            timeout=p["timeout"],
+            expected_gbps=expected,
+            causes=causes,
+            check=p["check"],
+        )
         result["duration_s"] = round(result["duration_s"] + duration, 3)
         # Ansible fails any result whose rc is not 0, so rc is only there when the process exited.
         if rc is not None:
             result["rc"] = rc
         else:
             result.pop("rc", None)
-        result["runs"].append(dict(judged_busbw_gbps=verdict["judged_busbw_gbps"], kind=verdict["kind"],
-                                   rc=rc, duration_s=round(duration, 3)))
+        result["runs"].append(
+            dict(
+                judged_busbw_gbps=verdict["judged_busbw_gbps"],
+                kind=verdict["kind"],
+                rc=rc,
+                duration_s=round(duration, 3),
+            )
+        )
         candidate = (verdict, parsed)
         if verdict["kind"] not in ("ok", "low_bandwidth"):
             best = candidate  # correctness or completeness failed: no retry hides that
@@ -447,13 +482,20 @@ def main():
             break
 
     verdict, parsed = best
-    result.update(passed=verdict["passed"], judged_busbw_gbps=verdict["judged_busbw_gbps"],
-                  reason=verdict["reason"], kind=verdict["kind"], rows=parsed["rows"],
-                  avg_busbw_gbps=parsed["avg_busbw_gbps"], out_of_bounds=parsed["out_of_bounds"],
-                  timestamp=time.time())
+    result.update(
+        passed=verdict["passed"],
+        judged_busbw_gbps=verdict["judged_busbw_gbps"],
+        reason=verdict["reason"],
+        kind=verdict["kind"],
+        rows=_nccl.json_safe(parsed["rows"]),
+        avg_busbw_gbps=_nccl.json_safe(parsed["avg_busbw_gbps"]),
+        out_of_bounds=parsed["out_of_bounds"],
+        timestamp=time.time(),
+    )
     if not verdict["passed"]:
-        module.fail_json(msg=f"NCCL all-reduce gate failed on {' '.join(argv)}: {verdict['reason']}",
-                         stdout=stdout, **result)
+        module.fail_json(
+            msg=f"NCCL all-reduce gate failed on {' '.join(argv)}: {verdict['reason']}", stdout=stdout, **result
+        )
     module.exit_json(**result)
 
 

@@ -66,9 +66,19 @@ options:
     type: int
     default: 64
   timeout:
-    description: Seconds one request may take.
+    description:
+      - Seconds one request may take in all, from connecting to the last streamed byte (an overall
+        deadline on the monotonic clock, not per read); a request past it counts as an error.
     type: float
     default: 60.0
+  max_bytes:
+    description: Most bytes read of one answer (a streamed completion, C(/v1/models), C(/metrics)); past it the request is an error.
+    type: int
+    default: 16777216
+  validate_certs:
+    description: Verify the TLS certificate of the server or the balancer (https URLs).
+    type: bool
+    default: true
   sample_interval:
     description: Seconds between scrapes of the server's metrics.
     type: float
@@ -88,13 +98,12 @@ options:
     description: Report without failing on the limits.
     type: bool
     default: false
+extends_documentation_fragment:
+  - gpufleet.node.attributes
 attributes:
   check_mode:
     support: full
     description: In check mode the target is validated and nothing is sent.
-  diff_mode:
-    support: none
-    description: Nothing is changed, so there is nothing to show.
   platform:
     support: full
     platforms: posix
@@ -216,11 +225,29 @@ url:
 import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.common.text.converters import to_text
-from ansible.module_utils.urls import open_url
 
+from ansible_collections.gpufleet.node.plugins.module_utils import _http
 from ansible_collections.gpufleet.node.plugins.module_utils import _loadtest as lt
 from ansible_collections.gpufleet.node.plugins.module_utils import _vllm_metrics as vm
+
+#: Seconds one scrape of the server's /metrics may take during the run.
+SCRAPE_TIMEOUT = 10.0
+
+
+def check_arguments(p):
+    """ValueError naming the first option that is not a finite number in its range."""
+    _http.check_limits(p["timeout"], p["max_bytes"])
+    for name, low in (("concurrency", 1), ("max_tokens", 1), ("seed", 0)):
+        vm.check_range(name, p[name], low)
+    for name in ("duration", "sample_interval"):
+        vm.check_range(name, p[name], 0.001)
+    if not p["prompt_lengths"]:
+        raise ValueError("prompt_lengths must list at least one prompt length")
+    for length in p["prompt_lengths"]:
+        vm.check_range("every prompt length", length, 1)
+    vm.check_range("max_error_rate", p["max_error_rate"], 0, 1)
+    if p["max_ttft_p95_seconds"] is not None:
+        vm.check_range("max_ttft_p95_seconds", p["max_ttft_p95_seconds"], 0)
 
 
 def main():
@@ -235,12 +262,11 @@ def main():
             duration=dict(type="float", default=30.0),
             prompt_lengths=dict(type="list", elements="int", default=[128, 512, 2048]),
             max_tokens=dict(type="int", default=64, no_log=False),
-            timeout=dict(type="float", default=60.0),
             sample_interval=dict(type="float", default=1.0),
             seed=dict(type="int", default=0),
             max_error_rate=dict(type="float", default=0.0),
-            max_ttft_p95_seconds=dict(type="float"),
-            report_only=dict(type="bool", default=False),
+            **vm.judging_spec(),
+            **_http.argument_spec(timeout=60.0),
         ),
         supports_check_mode=True,
     )
@@ -250,39 +276,39 @@ def main():
     try:
         lt.check_target(url, p["allowed_hosts"])
         lt.check_target(metrics_url, p["allowed_hosts"])
-    except lt.LoadTestError as exc:
+        check_arguments(p)
+    except (lt.LoadTestError, ValueError) as exc:
         module.fail_json(msg=str(exc), url=url)
     if vm.MISSING_LIBRARY:
-        module.fail_json(msg=missing_required_lib(vm.LIBRARY, reason="to read the server's /metrics during the run"),
-                         exception=vm.MISSING_LIBRARY, url=url)
-    if p["concurrency"] < 1 or p["duration"] <= 0 or p["max_tokens"] < 1 or not p["prompt_lengths"] \
-            or min(p["prompt_lengths"]) < 1:
-        module.fail_json(msg="concurrency, duration, max_tokens and every prompt length must be positive", url=url)
+        module.fail_json(
+            msg=missing_required_lib(vm.LIBRARY, reason="to read the server's /metrics during the run"),
+            exception=vm.MISSING_LIBRARY,
+            url=url,
+        )
     if module.check_mode:
         module.exit_json(changed=False, url=url, skipped=True, msg="check mode: target allowed, nothing sent")
 
     try:
-        model = p["model"] or lt.served_model(url, p["api_key"], p["timeout"])
+        model = p["model"] or lt.served_model(url, p["api_key"], p["timeout"], p["max_bytes"], p["validate_certs"])
     except lt.LoadTestError as exc:
         module.fail_json(msg=str(exc), url=url)
 
     def sampler():
-        text = to_text(open_url(metrics_url, timeout=10).read())
-        scrape = vm.parse(text)
-        sample = {"time": round(time.time(), 3)}
-        for figure in vm.GAUGES:
-            entry = scrape["gauges"].get(figure)
-            sample[figure] = entry["value"] if entry else None
-        return sample
+        text = _http.get_text(
+            metrics_url,
+            timeout=min(SCRAPE_TIMEOUT, p["timeout"]),
+            max_bytes=p["max_bytes"],
+            validate_certs=p["validate_certs"],
+        )
+        return dict({"time": round(time.time(), 3)}, **vm.gauge_values(vm.parse(text)))
 
-    results, wall, samples = lt.run(url, model, concurrency=p["concurrency"], duration=p["duration"],
-                                    prompt_lengths=p["prompt_lengths"], max_tokens=p["max_tokens"],
-                                    api_key=p["api_key"], timeout=p["timeout"], seed=p["seed"],
-                                    sampler=sampler, sample_interval=p["sample_interval"])
-    summary, server, violations = lt.summarize(results, wall, samples, max_ttft_p95=p["max_ttft_p95_seconds"],
-                                               max_error_rate=p["max_error_rate"])
-    result = dict(changed=False, url=url, model=model, summary=summary, server=server,
-                  table=lt.table(summary, server), violations=violations, passed=not violations)
+    options = {name: p[name] for name in lt.RUN_OPTIONS}
+    results, wall, samples = lt.run(url, model, sampler=sampler, **options)
+    summary, server, violations = lt.summarize(
+        results, wall, samples, max_ttft_p95=p["max_ttft_p95_seconds"], max_error_rate=p["max_error_rate"]
+    )
+    result = dict(changed=False, url=url, model=model, summary=summary, server=server, violations=violations)
+    result.update(table=lt.table(summary, server), passed=not violations)
     if violations and not p["report_only"]:
         module.fail_json(msg="load test of %s failed: %s" % (url, "; ".join(violations)), **result)
     module.exit_json(**result)

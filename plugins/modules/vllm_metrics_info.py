@@ -23,6 +23,8 @@ description:
     own pool).
   - Histogram quantiles describe the window (the increase between the first and the last scrape)
     when requests completed during it, else everything since the server started.
+  - A scrape whose figures are not finite (NaN or infinite gauges, counters or histogram samples)
+    fails the module - a server cannot be judged healthy on numbers it did not measure.
   - Judges the window against thresholds (seed 000 - KV usage under 0.88 at peak, a waiting queue
     not above 8 for long, preemptions not climbing) and fails when one is crossed, naming it with
     what to change, unless O(report_only=true).
@@ -35,6 +37,7 @@ options:
     description:
       - Base URL of the vLLM server, for example V(http://10.0.0.11:8000). C(/metrics) is appended
         unless the URL already ends with it.
+      - Only C(http) and C(https) URLs; any other scheme is refused before anything is opened.
     type: str
     required: true
   samples:
@@ -46,9 +49,15 @@ options:
     type: float
     default: 5.0
   timeout:
-    description: Seconds to wait for each scrape.
+    description:
+      - Seconds one scrape may take in all (connect, headers and body), on the monotonic clock; a
+        server that has not answered completely by then (one that drips its answer too) fails it.
     type: float
     default: 10.0
+  max_bytes:
+    description: Largest C(/metrics) answer read, in bytes; a larger one fails the scrape unread.
+    type: int
+    default: 16777216
   validate_certs:
     description: Verify the server's TLS certificate (https URLs).
     type: bool
@@ -78,13 +87,9 @@ options:
     description: Report violations without failing.
     type: bool
     default: false
+extends_documentation_fragment:
+  - gpufleet.node.attributes.read_only
 attributes:
-  check_mode:
-    support: full
-    description: Only reads; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing is changed, so there is nothing to show.
   platform:
     support: full
     platforms: posix
@@ -214,9 +219,8 @@ url:
 """
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.common.text.converters import to_text
-from ansible.module_utils.urls import open_url
 
+from ansible_collections.gpufleet.node.plugins.module_utils import _http
 from ansible_collections.gpufleet.node.plugins.module_utils import _vllm_metrics as vm
 
 
@@ -231,50 +235,60 @@ def main():
             url=dict(type="str", required=True),
             samples=dict(type="int", default=3),
             interval=dict(type="float", default=5.0),
-            timeout=dict(type="float", default=10.0),
-            validate_certs=dict(type="bool", default=True),
             max_kv_cache_usage=dict(type="float", default=0.88),
             max_num_requests_waiting=dict(type="int", default=8),
             waiting_sustained_samples=dict(type="int", default=3),
             max_preemptions=dict(type="int", default=0),
-            max_ttft_p95_seconds=dict(type="float"),
-            report_only=dict(type="bool", default=False),
+            **vm.judging_spec(),
+            **_http.argument_spec(timeout=10.0),
         ),
         supports_check_mode=True,
     )
     p = module.params
     url = metrics_url(p["url"])
+    thresholds = {name: p[name] for name in vm.THRESHOLD_RANGES}
+    try:
+        _http.check_url(url)
+        _http.check_limits(p["timeout"], p["max_bytes"])
+        vm.check_range("samples", p["samples"], 1)
+        vm.check_range("interval", p["interval"], 0)
+        vm.check_thresholds(thresholds)
+    except (_http.HttpError, ValueError) as exc:
+        module.fail_json(msg=f"{exc}", url=url)
     if vm.MISSING_LIBRARY:
-        module.fail_json(msg=missing_required_lib(vm.LIBRARY, reason="to parse vLLM's /metrics"),
-                         exception=vm.MISSING_LIBRARY, url=url)
-    if p["samples"] < 1 or p["interval"] < 0:
-        module.fail_json(msg="samples must be >= 1 and interval >= 0 (got %s, %s)" % (p["samples"], p["interval"]),
-                         url=url)
+        module.fail_json(
+            msg=missing_required_lib(vm.LIBRARY, reason="to parse vLLM's /metrics"),
+            exception=vm.MISSING_LIBRARY,
+            url=url,
+        )
 
     def fetch():
         try:
-            resp = open_url(url, timeout=p["timeout"], validate_certs=p["validate_certs"])
-            return to_text(resp.read())
-        except Exception as exc:  # urllib, socket and TLS errors all mean the same here
-            module.fail_json(msg="cannot scrape %s: %s. Is vLLM up on that address and port, and is its "
-                                 "port reachable from %s?" % (url, exc, "this host"), url=url)
+            return _http.get_text(
+                url, timeout=p["timeout"], max_bytes=p["max_bytes"], validate_certs=p["validate_certs"]
+            )
+        except _http.HttpError as exc:
+            raise vm.ScrapeError(
+                f"cannot scrape {url}: {exc.what}. Is vLLM up on that address and port, and is its port "
+                "reachable from this host?"
+            ) from None
 
     try:
         scrapes = vm.scrape_window(fetch, p["samples"], p["interval"])
-        metrics, samples, violations = vm.summarize(scrapes, p["interval"], thresholds={
-            "max_kv_cache_usage": p["max_kv_cache_usage"],
-            "max_num_requests_waiting": p["max_num_requests_waiting"],
-            "waiting_sustained_samples": p["waiting_sustained_samples"],
-            "max_preemptions": p["max_preemptions"],
-            "max_ttft_p95_seconds": p["max_ttft_p95_seconds"],
-        })
+        metrics, samples, violations = vm.summarize(scrapes, p["interval"], thresholds=thresholds)
+    except vm.ScrapeError as exc:
+        module.fail_json(msg=str(exc), url=url)
     except vm.MetricsError as exc:
         module.fail_json(msg="%s: %s" % (url, exc), url=url)
-    result = dict(changed=False, url=url, metrics=metrics, samples=samples, violations=violations,
-                  healthy=not violations)
+    result = dict(
+        changed=False, url=url, metrics=metrics, samples=samples, violations=violations, healthy=not violations
+    )
     if violations and not p["report_only"]:
-        module.fail_json(msg="vLLM at %s crossed %d threshold(s): %s" % (
-            url, len(violations), " | ".join(v["message"] for v in violations)), **result)
+        module.fail_json(
+            msg="vLLM at %s crossed %d threshold(s): %s"
+            % (url, len(violations), " | ".join(v["message"] for v in violations)),
+            **result,
+        )
     module.exit_json(**result)
 
 

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """_vllm_metrics on real /metrics samples (tests/data/vllm-metrics, sources in each file), on the
 lab stand-in's engine, and the thresholds firing and staying quiet; the module end to end."""
+
 from __future__ import annotations
 
 import json
@@ -8,14 +9,13 @@ import math
 import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from ansible_collections.gpufleet.node.plugins.module_utils import _vllm_metrics as vm
 from lab.standins.vllm_engine import Engine
+from tests.support import MetricsServer
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "vllm-metrics"
 
@@ -35,8 +35,11 @@ def test_old_release_names_are_understood():
     scrape = vm.parse(sample("v0-qwenvl-old-names.prom"))
     g = scrape["gauges"]
     assert g["kv_cache_usage_perc"]["name"] == "vllm:gpu_cache_usage_perc"
-    assert (g["kv_cache_usage_perc"]["value"], g["num_requests_running"]["value"],
-            g["num_requests_waiting"]["value"]) == (0.0, 0.0, 0.0)
+    assert (
+        g["kv_cache_usage_perc"]["value"],
+        g["num_requests_running"]["value"],
+        g["num_requests_waiting"]["value"],
+    ) == (0.0, 0.0, 0.0)
     assert "num_preemptions_total" not in g
     assert scrape["engines"] == [""]
 
@@ -105,8 +108,11 @@ def test_engines_are_summed_and_kv_is_the_fullest():
     """Synthetic (two data-parallel engines), in the V1 exposition format of the samples above."""
     scrape = vm.parse(ENGINES)
     g = scrape["gauges"]
-    assert (g["num_requests_running"]["value"], g["num_requests_waiting"]["value"],
-            g["num_preemptions_total"]["value"]) == (8.0, 11.0, 5.0)
+    assert (
+        g["num_requests_running"]["value"],
+        g["num_requests_waiting"]["value"],
+        g["num_preemptions_total"]["value"],
+    ) == (8.0, 11.0, 5.0)
     assert g["kv_cache_usage_perc"]["value"] == 0.91
     h = scrape["histograms"]["ttft_seconds"]
     assert h["buckets"] == [(0.1, 10.0), (1.0, 20.0), (math.inf, 20.0)] and h["count"] == 20.0
@@ -125,9 +131,12 @@ def test_not_prometheus_text_is_an_error():
 
 
 def gauges(kv, waiting, running=1, preempt=0.0, ttft=None):
-    lines = ['vllm:kv_cache_usage_perc{engine="0"} %s' % kv, 'vllm:num_requests_waiting{engine="0"} %s' % waiting,
-             'vllm:num_requests_running{engine="0"} %s' % running,
-             'vllm:num_preemptions_total{engine="0"} %s' % preempt]
+    lines = [
+        'vllm:kv_cache_usage_perc{engine="0"} %s' % kv,
+        'vllm:num_requests_waiting{engine="0"} %s' % waiting,
+        'vllm:num_requests_running{engine="0"} %s' % running,
+        'vllm:num_preemptions_total{engine="0"} %s' % preempt,
+    ]
     for bound, count in ttft or []:
         lines.append('vllm:time_to_first_token_seconds_bucket{engine="0",le="%s"} %s' % (bound, count))
     return vm.parse("\n".join(lines) + "\n")
@@ -189,8 +198,15 @@ def test_a_server_without_the_gauges_is_an_error():
 
 
 def test_stand_in_engine_metrics_parse_and_count():
-    engine = Engine(kv_tokens=4096, block_size=16, max_num_seqs=4, max_num_batched_tokens=2048,
-                    prefill_tps=1e6, itl=0.001, itl_per_seq=0.0)
+    engine = Engine(
+        kv_tokens=4096,
+        block_size=16,
+        max_num_seqs=4,
+        max_num_batched_tokens=2048,
+        prefill_tps=1e6,
+        itl=0.001,
+        itl_per_seq=0.0,
+    )
     engine.start()
     reqs = [engine.submit(300, 5) for _ in range(3)]
     for r in reqs:
@@ -206,8 +222,15 @@ def test_stand_in_engine_metrics_parse_and_count():
 
 def test_stand_in_engine_preempts_when_the_pool_is_short():
     # 64 blocks of 16 tokens; four 200-token prompts generating 100 tokens each cannot all fit
-    engine = Engine(kv_tokens=1024, block_size=16, max_num_seqs=8, max_num_batched_tokens=4096,
-                    prefill_tps=1e6, itl=0.0005, itl_per_seq=0.0)
+    engine = Engine(
+        kv_tokens=1024,
+        block_size=16,
+        max_num_seqs=8,
+        max_num_batched_tokens=4096,
+        prefill_tps=1e6,
+        itl=0.0005,
+        itl_per_seq=0.0,
+    )
     engine.start()
     reqs = [engine.submit(200, 100) for _ in range(4)]
     assert [len(list(r.tokens())) for r in reqs] == [100] * 4
@@ -215,26 +238,16 @@ def test_stand_in_engine_preempts_when_the_pool_is_short():
     assert g["num_preemptions_total"]["value"] > 0
 
 
-class _Metrics(BaseHTTPRequestHandler):
+class _Metrics:
+    """What the fake server's /metrics answers, in turn (tests.support.MetricsServer)."""
+
     texts = []
-
-    def do_GET(self):  # noqa: N802
-        body = (self.texts.pop(0) if len(self.texts) > 1 else self.texts[0]).encode()
-        self.send_response(200)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture
 def metrics_server():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield httpd
-    httpd.shutdown()
+    with MetricsServer(source=_Metrics) as server:
+        yield server
 
 
 def test_module_reports_and_fails_on_violation(run_module, metrics_server):
@@ -245,8 +258,11 @@ def test_module_reports_and_fails_on_violation(run_module, metrics_server):
     names = [v["name"] for v in res["violations"]]
     assert names == ["kv_cache_usage", "num_requests_waiting"], res
     assert "crossed 2 threshold(s)" in res["msg"]
-    res = run_module("vllm_metrics_info", {"url": url + "/metrics", "samples": 2, "interval": 0.01,
-                                           "report_only": True}, check_mode=True)
+    res = run_module(
+        "vllm_metrics_info",
+        {"url": url + "/metrics", "samples": 2, "interval": 0.01, "report_only": True},
+        check_mode=True,
+    )
     assert not res.get("failed") and res["healthy"] is False and res["changed"] is False
     assert res["metrics"]["ttft_seconds"]["p50"] == pytest.approx(0.1)
     _Metrics.texts = [sample("v0-qwenvl-old-names.prom")]
@@ -268,7 +284,120 @@ def test_module_names_the_missing_library(tmp_path):
     repo = Path(__file__).resolve().parents[2]
     payload = {"ANSIBLE_MODULE_ARGS": {"url": "http://127.0.0.1:9"}}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(repo / ".collections"), str(repo)]))
-    proc = subprocess.run([sys.executable, str(repo / "plugins/modules/vllm_metrics_info.py")],
-                          input=json.dumps(payload), capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(repo / "plugins/modules/vllm_metrics_info.py")],
+        input=json.dumps(payload),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     res = json.loads(proc.stdout)
     assert res["failed"] and "prometheus-client" in res["msg"], res
+
+
+# --- numbers nobody measured (issue 12) ----------------------------------------------------------
+
+QUIET = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 1.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 0.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.2
+# TYPE vllm:num_preemptions counter
+vllm:num_preemptions_total{engine="0",model_name="m"} 0.0
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="m"} 4.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} 5.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 5.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 0.4
+# TYPE vllm:inter_token_latency_seconds histogram
+vllm:inter_token_latency_seconds_bucket{engine="0",le="0.05",model_name="m"} 90.0
+vllm:inter_token_latency_seconds_bucket{engine="0",le="+Inf",model_name="m"} 100.0
+vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 100.0
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 3.0
+"""
+
+
+def _spoil(sample_prefix, value, text=QUIET):
+    lines = [
+        line.rsplit(" ", 1)[0] + " " + value if line.startswith(sample_prefix) else line for line in text.splitlines()
+    ]
+    assert lines != text.splitlines(), sample_prefix
+    return "\n".join(lines) + "\n"
+
+
+SPOILED = [
+    ("vllm:kv_cache_usage_perc{", "NaN"),  # the example: a NaN gauge on a quiet server
+    ("vllm:kv_cache_usage_perc{", "+Inf"),
+    ("vllm:num_requests_waiting{", "NaN"),
+    ("vllm:num_requests_running{", "-Inf"),
+    ("vllm:num_preemptions_total{", "NaN"),  # a counter
+    ('vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1"', "NaN"),  # a bucket
+    ('vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf"', "+Inf"),
+    ("vllm:time_to_first_token_seconds_sum{", "NaN"),  # a histogram sum
+    ("vllm:inter_token_latency_seconds_count{", "Inf"),
+    ("vllm:kv_cache_usage_perc{", "-0.5"),  # never negative either
+]
+
+
+def test_non_finite_metrics_fail_reference_is_healthy():
+    metrics, _samples, violations = vm.summarize(window(vm.parse(QUIET)))
+    assert not violations and metrics["kv_cache_usage_perc"] == 0.2
+
+
+@pytest.mark.parametrize("prefix,value", SPOILED)
+def test_non_finite_metrics_fail(prefix, value):
+    with pytest.raises(vm.MetricsError, match="not finite non-negative figures") as failed:
+        vm.parse(_spoil(prefix, value))
+    assert prefix.split("{")[0] in str(failed.value)
+
+
+def test_non_finite_metrics_fail_also_in_older_names_and_other_engines():
+    text = sample("v0-qwenvl-old-names.prom").replace(
+        'vllm:gpu_cache_usage_perc{model_name="qwenvl"} 0.0', 'vllm:gpu_cache_usage_perc{model_name="qwenvl"} NaN'
+    )
+    with pytest.raises(vm.MetricsError, match="gpu_cache_usage_perc"):
+        vm.parse(text)
+    with pytest.raises(vm.MetricsError, match=r'engine="1"'):
+        vm.parse(_spoil('vllm:kv_cache_usage_perc{engine="1"', "NaN", ENGINES))
+
+
+def test_non_finite_metrics_fail_but_unused_series_do_not_matter():
+    scrape = vm.parse(QUIET + "# TYPE vllm:other_gauge gauge\nvllm:other_gauge NaN\n")
+    assert scrape["gauges"]["kv_cache_usage_perc"]["value"] == 0.2
+
+
+def test_non_finite_metrics_fail_in_the_module(run_module, metrics_server):
+    url = "http://127.0.0.1:%d" % metrics_server.server_address[1]
+    _Metrics.texts = [QUIET]
+    assert run_module("vllm_metrics_info", {"url": url, "samples": 1})["healthy"] is True
+    _Metrics.texts = [_spoil("vllm:kv_cache_usage_perc{", "NaN")]
+    res = run_module("vllm_metrics_info", {"url": url, "samples": 1, "report_only": True})
+    assert res["failed"] and "healthy" not in res, res
+    assert "vllm:kv_cache_usage_perc" in res["msg"] and "did not measure" in res["msg"]
+
+
+@pytest.mark.parametrize(
+    "option,value",
+    [
+        ("max_kv_cache_usage", "nan"),
+        ("max_kv_cache_usage", "inf"),
+        ("max_kv_cache_usage", -0.1),
+        ("max_kv_cache_usage", 1.5),
+        ("max_ttft_p95_seconds", "nan"),
+        ("max_num_requests_waiting", -1),
+        ("waiting_sustained_samples", 0),
+        ("max_preemptions", -1),
+        ("interval", "nan"),
+        ("interval", -1),
+        ("samples", 0),
+        ("timeout", "nan"),
+        ("timeout", 0),
+        ("max_bytes", 0),
+    ],
+)
+def test_non_finite_threshold_refused(run_module, option, value):
+    res = run_module("vllm_metrics_info", {"url": "http://127.0.0.1:9", option: value})
+    assert res["failed"] and option in res["msg"] and "cannot scrape" not in res["msg"], res

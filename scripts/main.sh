@@ -5,7 +5,7 @@
 # Bring the lab down afterwards with: .venv/bin/python -m lab down
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-cd "$repo"
+cd "$repo" || exit 1
 bash scripts/setup.sh || exit 1
 export PATH="$repo/.venv/bin:$PATH" ANSIBLE_CONFIG="$repo/ansible.cfg"
 if python -m lab status --json | python -c 'import json,sys; sys.exit(0 if json.load(sys.stdin)["up"] else 1)'; then

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Set up a fresh machine for this repository: Debian packages the modules and the lab call
-# (pciutils: lspci/setpci), then the pinned controller venv in .venv. Idempotent.
+# (pciutils: lspci/setpci) and the tests use (shellcheck: ansible-test sanity's shell checks),
+# prometheus (promtool) and prometheus-node-exporter for the monitoring role, its tests and the lab,
+# then the pinned controller venv in .venv. Idempotent.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-debs=(pciutils iproute2 openssh-server openssh-client haproxy systemd git python3 python3-yaml python3-prometheus-client)
+debs=(pciutils iproute2 openssh-server openssh-client haproxy systemd git python3 python3-yaml python3-prometheus-client
+      shellcheck prometheus prometheus-node-exporter)
 missing=()
 for pkg in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The test command: set up, then ansible-lint (production profile), ansible-test sanity and
-# pytest (unit, integration, and the vLLM-parser check of every rendered config).
+# The test command: set up, then ruff (lint and format), ansible-lint (production profile),
+# ansible-test sanity and pytest (unit, integration, and the vLLM-parser check of every rendered
+# config).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-cd "$repo"
+cd "$repo" || exit 1
 bash scripts/setup.sh || exit 1
 export PATH="$repo/.venv/bin:$PATH" ANSIBLE_CONFIG="$repo/ansible.cfg"
 failed=()
@@ -11,6 +12,10 @@ failed=()
 # runs on the same machine (and fresh clones there) reuse it. setup.sh builds it when missing.
 export GPUFLEET_VLLM_VENV=${GPUFLEET_VLLM_VENV:-$HOME/.cache/gpufleet/vllm-parser-venv-0.33.0}
 bash tests/vllm_parser/setup.sh || failed+=("vllm-parser venv")
+echo "== ruff (ruff.toml)"
+python_dirs=(plugins lab tests benchmarks)
+ruff check --no-cache "${python_dirs[@]}" || failed+=("ruff check")
+ruff format --check --no-cache "${python_dirs[@]}" || failed+=("ruff format")
 echo "== ansible-lint (production profile)"
 ansible-lint --profile production --nocolor || failed+=(ansible-lint)
 echo "== ansible-test sanity"

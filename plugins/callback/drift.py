@@ -18,10 +18,12 @@ description:
   - The record carries the token that the playbook writes beside it (C(token)) at its start and
     removes at its end, so that the playbook can tell a record of this run from a stale one.
     Without a token (any other playbook) nothing is written.
-  - Tasks tagged C(drift_probe) (reads that report changed) and C(drift_report) (the playbook's
-    own bookkeeping) are not recorded. A failure of a task tagged C(drift_known_state) (a node
-    that is out of service for a reason already recorded in this boot, such as a failed gate) is
-    recorded as C(out_of_service), which the report shows and does not count as drift.
+  - A changed task is recorded with the file or object it manages (for a template or copy, its
+    C(dest), not the temporary copy its diff names); a loop, once per changed item.
+  - Tasks tagged C(drift_report) (the playbook's own bookkeeping) are not recorded. A failure of a
+    task tagged C(drift_known_state) (a node that is out of service for a reason already recorded
+    in this boot, such as a failed gate) is recorded as C(out_of_service), which the report shows
+    and does not count as drift.
 author:
   - gpufleet.node developers (@gpufleet)
 requirements:
@@ -89,8 +91,9 @@ class CallbackModule(CallbackBase):
     def v2_runner_on_ok(self, result):
         self._seen(result)
         res = result._result
-        if res.get("changed") and "drift_probe" not in result._task.tags:
-            self._add(result, "changed", _what(res))
+        # a loop's own result only sums up its items, each recorded already
+        if res.get("changed") and not isinstance(res.get("results"), list):
+            self._add(result, "changed", _what(res, _task_args(result)))
 
     def v2_runner_item_on_ok(self, result):
         self.v2_runner_on_ok(result)
@@ -122,15 +125,28 @@ class CallbackModule(CallbackBase):
         os.replace(tmp, self._path)
 
 
-def _what(res):
-    """A short description of what would change: the file or object the task manages, else the
-    headers of its diff (a template's diff names only the rendered temporary file)."""
+def _task_args(result):
+    """The task's arguments as this host (and loop item) ran them: templated."""
+    fields = getattr(result, "task_fields", None) or getattr(result, "_task_fields", None) or {}
+    args = fields.get("args")
+    return args if isinstance(args, dict) else {}
+
+
+def _what(res, args=None):
+    """A short description of what would change: the file or object the task manages (from its
+    result, else from its arguments: a template or copy in check mode returns no C(dest)), else the
+    headers of its diff, the destination first (a template's C(after_header) is the temporary copy
+    rendered on the controller)."""
     for key in ("dest", "path", "changed_ports", "commands", "name"):
         if res.get(key):
             value = res[key]
             return f"{key}: {', '.join(map(str, value)) if isinstance(value, list) else value}"
+    for key in ("dest", "path"):
+        value = (args or {}).get(key)
+        if isinstance(value, str) and value and "{{" not in value:
+            return f"{key}: {value}"
     diffs = res.get("diff") or []
     if isinstance(diffs, dict):
         diffs = [diffs]
-    names = [d.get("after_header") or d.get("before_header") for d in diffs if isinstance(d, dict)]
+    names = [d.get("before_header") or d.get("after_header") for d in diffs if isinstance(d, dict)]
     return ", ".join(dict.fromkeys(n for n in names if n))

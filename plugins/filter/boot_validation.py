@@ -31,7 +31,9 @@ def boot_validation_vars(host_vars, prefixes, exclude=(), overrides=None):
     try:
         skip = re.compile("|".join("(?:%s)" % e for e in exclude or ()) or "(?!)")
     except re.error as exc:
-        raise AnsibleFilterError("boot_validation_vars: an exclude pattern is not a regular expression: %s" % exc)
+        raise AnsibleFilterError(
+            "boot_validation_vars: an exclude pattern is not a regular expression: %s" % exc
+        ) from exc
     out = {}
     for name in sorted(host_vars):
         if name.startswith("__") or skip.fullmatch(name) or not wanted.match(name):
@@ -44,6 +46,6 @@ def boot_validation_vars(host_vars, prefixes, exclude=(), overrides=None):
     return dict(sorted(out.items()))
 
 
-class FilterModule(object):
+class FilterModule:
     def filters(self):
         return {"boot_validation_vars": boot_validation_vars}

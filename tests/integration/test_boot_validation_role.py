@@ -2,16 +2,17 @@
 """Role boot_validation through ansible-playbook on a test tree: what the node's own run is given
 (by prefix, secrets 0600 and never printed, one-run switches and the central balancer left out),
 the unit, idempotence, and the refusal when the node cannot run ansible-playbook itself."""
+
 from __future__ import annotations
 
-import json
 import shutil
 import stat
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
+
+from tests.support import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "tests/integration/playbooks/boot_validation_role.yml"
@@ -19,15 +20,15 @@ SECRET = "sk-boot-validation-0123456789"
 
 
 def play(ansible_env, root, playbook_bin, *extra, **extra_vars):
-    extra_vars = {"root": str(root), "boot_validation_ansible_playbook": str(playbook_bin),
-                  "boot_validation_collections_path": str(REPO / ".collections"), **extra_vars}
-    env = dict(ansible_env, ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
-    proc = subprocess.run(
-        [str(Path(ansible_env["PATH"].split(":")[0]) / "ansible-playbook"), str(PLAYBOOK),
-         "-e", json.dumps(extra_vars), *extra],
-        cwd=REPO, env=env, capture_output=True, text=True)
-    assert SECRET not in proc.stdout + proc.stderr, "a secret was printed"
-    return proc.returncode, json.loads(proc.stdout)
+    extra_vars = {
+        "root": str(root),
+        "boot_validation_ansible_playbook": str(playbook_bin),
+        "boot_validation_collections_path": str(REPO / ".collections"),
+        **extra_vars,
+    }
+    run = run_playbook(PLAYBOOK, *extra, extra_vars=extra_vars, env=ansible_env, json_callback=True)
+    assert SECRET not in run.output, "a secret was printed"
+    return run.returncode, run.json
 
 
 def fake_ansible_playbook(tmp_path):
@@ -38,11 +39,17 @@ def fake_ansible_playbook(tmp_path):
     return path
 
 
-NODE_VARS = {"vllm_server_model": "Llama-3.3-70B-Instruct-FP8", "vllm_server_api_key": SECRET,
-             "nccl_gate_min_busbw_gbps": 20, "gpu_topology_expect": {"gpu_count": 4},
-             "nccl_gate_force": True, "lb_registration_balancer": "lb1",
-             "lb_registration_socket": "/run/haproxy/admin.sock", "unrelated": "x",
-             "gpufleet_acceptance_duration": 3}
+NODE_VARS = {
+    "vllm_server_model": "Llama-3.3-70B-Instruct-FP8",
+    "vllm_server_api_key": SECRET,
+    "nccl_gate_min_busbw_gbps": 20,
+    "gpu_topology_expect": {"gpu_count": 4},
+    "nccl_gate_force": True,
+    "lb_registration_balancer": "lb1",
+    "lb_registration_socket": "/run/haproxy/admin.sock",
+    "unrelated": "x",
+    "gpufleet_acceptance_duration": 3,
+}
 
 
 def test_installs_a_node_local_run_idempotently(ansible_env, tmp_path):
@@ -58,21 +65,34 @@ def test_installs_a_node_local_run_idempotently(ansible_env, tmp_path):
     assert stat.S_IMODE(inventory.stat().st_mode) == 0o600
     node = yaml.safe_load(inventory.read_text())["all"]["children"]["gpu_nodes"]["hosts"]["localhost"]
     assert node == {
-        "ansible_connection": "local", "ansible_python_interpreter": node["ansible_python_interpreter"],
-        "gpu_topology_expect": {"gpu_count": 4}, "lb_registration_balancer": "",
-        "nccl_gate_min_busbw_gbps": 20, "vllm_server_api_key": SECRET,
-        "vllm_server_model": "Llama-3.3-70B-Instruct-FP8"}
+        "ansible_connection": "local",
+        "ansible_python_interpreter": node["ansible_python_interpreter"],
+        "gpu_topology_expect": {"gpu_count": 4},
+        "lb_registration_balancer": "",
+        "nccl_gate_min_busbw_gbps": 20,
+        "vllm_server_api_key": SECRET,
+        "vllm_server_model": "Llama-3.3-70B-Instruct-FP8",
+    }
     cfg = (vdir / "ansible.cfg").read_text()
     assert f"inventory = {inventory}\n" in cfg and f"collections_path = {REPO / '.collections'}\n" in cfg
 
     unit = (root / "etc/systemd/system/gpufleet-validate.service").read_text()
-    for line in ("Type=oneshot", "RemainAfterExit=yes", f"ExecStart={bin_} gpufleet.node.validate",
-                 f"Environment=ANSIBLE_CONFIG={vdir}/ansible.cfg", "After=network-online.target gpufleet-acs.service",
-                 "TimeoutStartSec=3600", "WantedBy=multi-user.target"):
+    for line in (
+        "Type=oneshot",
+        "RemainAfterExit=yes",
+        f"ExecStart={bin_} gpufleet.node.validate",
+        f"Environment=ANSIBLE_CONFIG={vdir}/ansible.cfg",
+        "After=network-online.target gpufleet-acs.service",
+        "TimeoutStartSec=3600",
+        "WantedBy=multi-user.target",
+    ):
         assert line + "\n" in unit, line
     if shutil.which("systemd-analyze"):
-        verify = subprocess.run(["systemd-analyze", "verify", str(root / "etc/systemd/system/gpufleet-validate.service")],
-                                capture_output=True, text=True)
+        verify = subprocess.run(
+            ["systemd-analyze", "verify", str(root / "etc/systemd/system/gpufleet-validate.service")],
+            capture_output=True,
+            text=True,
+        )
         assert "gpufleet-validate.service" not in verify.stderr, verify.stderr
 
     rc, result = play(ansible_env, root, bin_, **NODE_VARS)

@@ -3,18 +3,19 @@
 from the nvidia-smi stand-in, ACS cleared by gpufleet.node.pcie_acs through the real setpci, the
 all_reduce_perf stand-in measuring what the machine's CURRENT registers allow, and the verdict
 read back from the marker, the JSON result and the Prometheus metrics."""
+
 from __future__ import annotations
 
 import json
-import re
 import shutil
-import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = Path(__file__).resolve().parent / "playbooks" / "nccl_gate.yml"
@@ -30,8 +31,10 @@ class Fleet:
         self.nodes = {name: lab_node(profile) for name, profile in profiles.items()}
         lines = ["[lab]"]
         for name, node in self.nodes.items():
-            lines.append(f"{name} ansible_connection=local ansible_python_interpreter={sys.executable} "
-                         f"lab_root={node.root} state_dir={self.state(name)}")
+            lines.append(
+                f"{name} ansible_connection=local ansible_python_interpreter={sys.executable} "
+                f"lab_root={node.root} state_dir={self.state(name)}"
+            )
         self.inventory = tmp_path / "hosts.ini"
         self.inventory.write_text("\n".join(lines) + "\n")
 
@@ -40,13 +43,15 @@ class Fleet:
 
     def run(self, ansible_env, check=False, **extra):
         extra = dict({"repo": str(REPO), "nccl_gate_repeats": 1}, **extra)
-        argv = ["ansible-playbook", "-i", str(self.inventory), "-e", json.dumps(extra), str(PLAYBOOK)]
-        if check:
-            argv.append("--check")
-        proc = subprocess.run(argv, cwd=REPO, env=ansible_env, capture_output=True, text=True, timeout=600)
-        recap = {m.group(1): {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
-                 for m in re.finditer(r"^(\S+)\s+:\s+(ok=.*)$", proc.stdout, re.M)}
-        return proc, recap
+        proc = run_playbook(
+            PLAYBOOK,
+            *(["--check"] if check else []),
+            inventory=self.inventory,
+            extra_vars=extra,
+            env=ansible_env,
+            timeout=600,
+        )
+        return proc, proc.recap
 
     def marker(self, name):
         return json.loads((self.state(name) / "run/gpufleet/nccl-gate.json").read_text())

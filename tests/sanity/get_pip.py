@@ -4,6 +4,7 @@ machines cannot reach. ansible-test runs it as ``python get_pip.py [pip options]
 empty venv; this installs pip with the interpreter's own ensurepip, then the requested packages
 from the package index, which is what get-pip.py does with its bundled copy.
 """
+
 import subprocess
 import sys
 

@@ -18,11 +18,13 @@ dest=$work/ansible_collections/gpufleet/node
 # ansible-test bootstraps pip in each of its venvs with a script it downloads; give it ours.
 pip_version=$(grep -oP "^\s+pip='\K[0-9.]+" "$venv"/lib/python3*/site-packages/ansible_test/_internal/python_requirements.py)
 mkdir -p ~/.ansible/test/cache
-cp "$repo/tests/sanity/get_pip.py" ~/.ansible/test/cache/get_pip_${pip_version//./_}.py
+cp "$repo/tests/sanity/get_pip.py" ~/.ansible/test/cache/"get_pip_${pip_version//./_}.py"
 mkdir -p "$dest"
-# The collection, without the lab or what git ignores; ansible-test reads only what is here.
+# The collection, without the lab or what git ignores; ansible-test reads only what is here
+# (tracked files deleted in the working tree are left out).
 (cd "$repo" && git ls-files -co --exclude-standard -z \
    | grep -zv -e '^\.collections/' -e '^lab/' -e '^benchmarks/' -e '^\.ci/' \
+   | while IFS= read -r -d '' f; do [[ -e $f ]] && printf '%s\0' "$f"; done \
    | tar --null -T - -cf -) | tar -xf - -C "$dest"
 cd "$dest"
 git init -q . && git add -A >/dev/null

@@ -14,6 +14,7 @@ same tree:
 
 Usage: python3 benchmarks/bench_acs_audit.py [--repeat N] [--keep DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,22 +31,27 @@ for entry in (REPO / ".collections", REPO):
     sys.path.insert(0, str(entry))
 
 import lab.hwmodel as hw  # noqa: E402
-from lab.hwmodel import profiles as P  # noqa: E402
 from ansible_collections.gpufleet.node.plugins.module_utils import _pci  # noqa: E402
+from lab.hwmodel import profiles as P  # noqa: E402
 
 PROFILE = "bench-256"
 ROOT_PORTS = 8
 CHILDREN = 15  # per switch: 2 GPUs + 1 NIC + 12 NVMe -> 2 + 2*15 = 32 functions per root port
 # An NVMe drive, laid out by the model like any other endpoint below a switch port (the model
 # calls every non-GPU endpoint a NIC; the audit goes by class code: 0x0108 is not a NIC).
-NVME = {"name": "Samsung NVMe SSD Controller PM173X", "vendor_id": 0x144D, "device_id": 0xA824,
-        "class": 0x010802, "gen_max": 4, "width_max": 4}
+NVME = {
+    "name": "Samsung NVMe SSD Controller PM173X",
+    "vendor_id": 0x144D,
+    "device_id": 0xA824,
+    "class": 0x010802,
+    "gen_max": 4,
+    "width_max": 4,
+}
 
 
 def bench_profile():
     def children():
-        return ([P.gpu("H100-SXM"), P.gpu("H100-SXM"), P.nic("CX7")]
-                + [P.nic("bench-nvme") for _ in range(CHILDREN - 3)])
+        return [P.gpu("H100-SXM"), P.gpu("H100-SXM"), P.nic("CX7")] + [P.nic("bench-nvme") for _ in range(CHILDREN - 3)]
 
     return {
         "description": "Benchmark: 256 PCI functions, 8 Gen5 switches with ACS on",
@@ -53,9 +59,16 @@ def bench_profile():
         "kernel_cmdline": "BOOT_IMAGE=/boot/vmlinuz ro intel_iommu=on",
         "iommu": {"vendor": "intel", "group_type": "DMA-FQ"},
         "interconnect": {"p2p_across_sockets": True},
-        "host_bridges": [{"bus": 0x00, "numa_node": 0, "root_ports": [
-            P.root_port("intel-rp", P.switch("pex-gen5", children()), dev=n + 1, fn=0)
-            for n in range(ROOT_PORTS)]}],
+        "host_bridges": [
+            {
+                "bus": 0x00,
+                "numa_node": 0,
+                "root_ports": [
+                    P.root_port("intel-rp", P.switch("pex-gen5", children()), dev=n + 1, fn=0)
+                    for n in range(ROOT_PORTS)
+                ],
+            }
+        ],
         "fault": {},
         "expect_registered": False,
     }
@@ -78,24 +91,24 @@ def audit_in_process(sysfs):
 AUDIT_SNIPPET = (
     "import sys; sys.path.insert(0, %r)\n"
     "from ansible_collections.gpufleet.node.plugins.module_utils._pci import PciTopology\n"
-    "a = PciTopology.scan(%r).audit(); print(a['summary']['blocked_gpu_pairs'])\n")
+    "a = PciTopology.scan(%r).audit(); print(a['summary']['blocked_gpu_pairs'])\n"
+)
 
 
 def audit_fresh_process(sysfs):
-    subprocess.run([sys.executable, "-c", AUDIT_SNIPPET % (str(REPO / ".collections"), sysfs)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", AUDIT_SNIPPET % (str(REPO / ".collections"), sysfs)], check=True, capture_output=True
+    )
 
 
 def seed_loop(sysfs):
     """Seed 000's loop, read half: `lspci` to list, then one setpci per device."""
     opt = ["-O", "sysfs.path=%s" % sysfs]
-    listing = subprocess.run(["lspci", *opt, "-D", "-d", "*:*:*"], check=True,
-                             capture_output=True, text=True).stdout
+    listing = subprocess.run(["lspci", *opt, "-D", "-d", "*:*:*"], check=True, capture_output=True, text=True).stdout
     values = {}
     for line in listing.splitlines():
         bdf = line.split()[0]
-        proc = subprocess.run(["setpci", *opt, "-v", "-s", bdf, "ECAP_ACS+0x6.w"],
-                              capture_output=True, text=True)
+        proc = subprocess.run(["setpci", *opt, "-v", "-s", bdf, "ECAP_ACS+0x6.w"], capture_output=True, text=True)
         if proc.returncode == 0:
             values[bdf] = int(proc.stdout.split()[-1], 16)
     return values
@@ -133,22 +146,32 @@ def main():
         t_seed, seed_values = best_of(lambda: seed_loop(sysfs), max(1, min(args.repeat, 3)))
 
         # Both read the same registers.
-        ours = dict((p["bdf"], p["acs_ctl"]) for p in audit["ports"] if p["acs_ctl"] is not None)
+        ours = {p["bdf"]: p["acs_ctl"] for p in audit["ports"] if p["acs_ctl"] is not None}
         if ours != seed_values:
             sys.exit("the two methods disagree: %r vs %r" % (ours, seed_values))
 
         s = audit["summary"]
-        print("tree: %d PCI functions (%d GPUs, %d RDMA NICs, %d bridges, %d ACS-capable ports), %s"
-              % (functions, s["gpus"], s["nics"], sum(1 for p in audit["ports"] if p["is_bridge"]),
-                 s["acs_capable_ports"], sysfs))
+        print(
+            "tree: %d PCI functions (%d GPUs, %d RDMA NICs, %d bridges, %d ACS-capable ports), %s"
+            % (
+                functions,
+                s["gpus"],
+                s["nics"],
+                sum(1 for p in audit["ports"] if p["is_bridge"]),
+                s["acs_capable_ports"],
+                sysfs,
+            )
+        )
         print("audit also computes %d GPU pairs and %d GPU-NIC pairs" % (s["gpu_pairs"], len(audit["gpu_nic_pairs"])))
         print("%-58s %9.1f ms" % ("seed 000 loop (lspci + one setpci per device)", t_seed * 1000))
         print("%-58s %9.1f ms" % ("_pci audit, in process (what pcie_acs_info runs)", t_audit * 1000))
         print("%-58s %9.1f ms" % ("_pci audit, fresh python process", t_fresh * 1000))
         print("%-58s %9.1f ms" % ("(python -c pass: interpreter start-up alone)", t_python * 1000))
-        print("speed-up in process: %.0fx; as a fresh process: %.1fx (target >= 10x); "
-              "the fresh process minus start-up: %.0fx"
-              % (t_seed / t_audit, t_seed / t_fresh, t_seed / max(t_fresh - t_python, 1e-6)))
+        print(
+            "speed-up in process: %.0fx; as a fresh process: %.1fx (target >= 10x); "
+            "the fresh process minus start-up: %.0fx"
+            % (t_seed / t_audit, t_seed / t_fresh, t_seed / max(t_fresh - t_python, 1e-6))
+        )
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

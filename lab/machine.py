@@ -14,6 +14,7 @@ node's own cgroup runs ``unshare`` (mount, UTS, IPC, network, PID, cgroup namesp
 lab/nodeinit.py, the host wires a veth pair into the new network namespace and says go, and
 systemd becomes PID 1.  Killing that PID 1 ends every namespace, mount and the veth with it.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,14 +39,28 @@ SSH_PORT = 22
 
 # Units of the host's Debian that cannot work, or have no business, in a lab node.
 MASKED_UNITS = (
-    "console-getty.service", "getty@tty1.service", "serial-getty@ttyS0.service",
-    "systemd-udevd.service", "systemd-udevd-control.socket", "systemd-udevd-kernel.socket",
-    "systemd-networkd-wait-online.service", "systemd-timesyncd.service", "systemd-pstore.service",
-    "e2scrub_reap.service", "e2scrub_all.timer", "fstrim.timer", "apt-daily.timer",
-    "apt-daily-upgrade.timer", "man-db.timer", "dpkg-db-backup.timer",
-    "haproxy.service", "postgresql.service",
+    "console-getty.service",
+    "getty@tty1.service",
+    "serial-getty@ttyS0.service",
+    "systemd-udevd.service",
+    "systemd-udevd-control.socket",
+    "systemd-udevd-kernel.socket",
+    "systemd-networkd-wait-online.service",
+    "systemd-timesyncd.service",
+    "systemd-pstore.service",
+    "e2scrub_reap.service",
+    "e2scrub_all.timer",
+    "fstrim.timer",
+    "apt-daily.timer",
+    "apt-daily-upgrade.timer",
+    "man-db.timer",
+    "dpkg-db-backup.timer",
+    "haproxy.service",
+    "postgresql.service",
     # Kernel-wide filesystems a node has no business mounting (they are the host's kernel's).
-    "sys-kernel-debug.mount", "sys-kernel-tracing.mount", "sys-kernel-config.mount",
+    "sys-kernel-debug.mount",
+    "sys-kernel-tracing.mount",
+    "sys-kernel-config.mount",
     "sys-fs-fuse-connections.mount",
 )
 
@@ -108,18 +123,34 @@ class Machine:
         environment = Path("/etc/environment")
         base = environment.read_text() if environment.exists() else ""
         _write(up / "etc/environment", (base.rstrip("\n") + "\n" if base.strip() else "") + env + "\n")
-        _write(up / "etc/systemd/system.conf.d/gpufleet-lab.conf",
-               f"# Written by the gpufleet lab: every unit sees the node's simulated hardware.\n"
-               f"[Manager]\nDefaultEnvironment={env}\n")
+        _write(
+            up / "etc/systemd/system.conf.d/gpufleet-lab.conf",
+            f"# Written by the gpufleet lab: every unit sees the node's simulated hardware.\n"
+            f"[Manager]\nDefaultEnvironment={env}\n",
+        )
         units = up / "etc/systemd/system"
         units.mkdir(parents=True, exist_ok=True)
         for unit in MASKED_UNITS:
             os.symlink("/dev/null", units / unit)
-        _write(up / "etc/ssh/sshd_config.d/gpufleet-lab.conf",
-               SSHD_CONFIG.format(env=hw.ROOT_ENV, hw=HW_IN_NODE))
+        hw.units.install(hw.Node.load(self.hw_dir), up)  # the hardware's services (fabric manager)
+        _write(up / "etc/ssh/sshd_config.d/gpufleet-lab.conf", SSHD_CONFIG.format(env=hw.ROOT_ENV, hw=HW_IN_NODE))
         key = up / "etc/ssh/ssh_host_ed25519_key"
-        subprocess.run([self.fleet.progs["ssh-keygen"], "-q", "-t", "ed25519", "-N", "", "-C",
-                        f"root@{self.name}", "-f", str(key)], check=True, capture_output=True)
+        subprocess.run(
+            [
+                self.fleet.progs["ssh-keygen"],
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                f"root@{self.name}",
+                "-f",
+                str(key),
+            ],
+            check=True,
+            capture_output=True,
+        )
         # root's home is the node's own (opaque over the host's): a fresh image's dotfiles only.
         home = up / "root"
         home.mkdir(mode=0o700)
@@ -152,8 +183,12 @@ class Machine:
 
     def _boot_config(self):
         cfg = {
-            "node_dir": str(self.dir), "root": str(self.dir / "root"), "console": str(self.console),
-            "hw_dir": str(self.hw_dir), "hw_in_node": HW_IN_NODE, "root_env": hw.ROOT_ENV,
+            "node_dir": str(self.dir),
+            "root": str(self.dir / "root"),
+            "console": str(self.console),
+            "hw_dir": str(self.hw_dir),
+            "hw_in_node": HW_IN_NODE,
+            "root_env": hw.ROOT_ENV,
             "lab_package": str(LAB_PACKAGE),
             # What boot validation runs inside the node (the controller venv's ansible-playbook,
             # its Python, this checkout's collection): bound read-only at the same paths where the
@@ -183,20 +218,40 @@ class Machine:
                 f.write("0\n")
 
         progs = self.fleet.progs
-        argv = [progs["unshare"], "--mount", "--uts", "--ipc", "--net", "--pid", "--cgroup",
-                "--fork", "--kill-child", "--propagation", "private",
-                sys.executable, "-I", str(LAB_PACKAGE / "nodeinit.py"), str(self.dir)]
+        argv = [
+            progs["unshare"],
+            "--mount",
+            "--uts",
+            "--ipc",
+            "--net",
+            "--pid",
+            "--cgroup",
+            "--fork",
+            "--kill-child",
+            "--propagation",
+            "private",
+            sys.executable,
+            "-I",
+            str(LAB_PACKAGE / "nodeinit.py"),
+            str(self.dir),
+        ]
         with open(self.console, "ab") as log:
             log.write(f"\n=== lab: boot {self.boot_id()} at {time.strftime('%F %T')}\n".encode())
             log.flush()
-            launcher = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log, stderr=log,
-                                        start_new_session=True, preexec_fn=join_cgroup,
-                                        close_fds=True, cwd="/")
+            launcher = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                preexec_fn=join_cgroup,
+                close_fds=True,
+                cwd="/",
+            )
         try:
             pid1 = self._child_of(launcher)
             self._wire(pid1)
-            launcher.stdin.write(f"go {self.spec['address']}/{self.spec['prefix']} "
-                                 f"{self.spec['gateway']}\n".encode())
+            launcher.stdin.write(f"go {self.spec['address']}/{self.spec['prefix']} {self.spec['gateway']}\n".encode())
             launcher.stdin.close()
         except BaseException:
             launcher.kill()
@@ -204,9 +259,19 @@ class Machine:
             self._del_veth()
             raise
         start = _starttime(pid1)
-        _write(self.run_file, json.dumps({"pid": pid1, "starttime": start[0] if start else None,
-                                          "launcher": launcher.pid, "boot_id": self.boot_id(),
-                                          "started": time.time()}) + "\n")
+        _write(
+            self.run_file,
+            json.dumps(
+                {
+                    "pid": pid1,
+                    "starttime": start[0] if start else None,
+                    "launcher": launcher.pid,
+                    "boot_id": self.boot_id(),
+                    "started": time.time(),
+                }
+            )
+            + "\n",
+        )
         # The launcher outlives this process: do not let Popen's finaliser reap or warn about it.
         launcher.returncode = 0
 
@@ -215,8 +280,10 @@ class Machine:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if launcher.poll() is not None:
-                raise LabError(f"node {self.name}: the namespaces could not be made "
-                               f"(unshare exited {launcher.returncode}); see {self.console}")
+                raise LabError(
+                    f"node {self.name}: the namespaces could not be made "
+                    f"(unshare exited {launcher.returncode}); see {self.console}"
+                )
             try:
                 pids = children.read_text().split()
             except FileNotFoundError:
@@ -238,8 +305,10 @@ class Machine:
         for argv in steps:
             proc = subprocess.run(argv, capture_output=True, text=True, check=False)
             if proc.returncode:
-                raise LabError(f"node {self.name}: `{' '.join(argv)}` failed: {proc.stderr.strip()} "
-                               "(the lab needs veth support in the kernel and CAP_NET_ADMIN)")
+                raise LabError(
+                    f"node {self.name}: `{' '.join(argv)}` failed: {proc.stderr.strip()} "
+                    "(the lab needs veth support in the kernel and CAP_NET_ADMIN)"
+                )
 
     def _del_veth(self):
         veth = self.spec["veth"]
@@ -261,18 +330,22 @@ class Machine:
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise LabError(f"node {self.name}: sshd did not answer on {addr[0]}:{addr[1]} in "
-                               f"time; see {self.console} and `python -m lab status`")
+                raise LabError(
+                    f"node {self.name}: sshd did not answer on {addr[0]}:{addr[1]} in "
+                    f"time; see {self.console} and `python -m lab status`"
+                )
             time.sleep(0.1)
         # sshd answers early in the boot; wait for the rest of multi-user too.
         try:
-            state = self.nsenter("systemctl", "is-system-running", "--wait",
-                                 timeout=max(1.0, deadline - time.monotonic())).stdout.strip()
+            state = self.nsenter(
+                "systemctl", "is-system-running", "--wait", timeout=max(1.0, deadline - time.monotonic())
+            ).stdout.strip()
         except subprocess.TimeoutExpired:
             state = "still starting"
         if state not in ("running", "degraded"):
-            raise LabError(f"node {self.name}: systemd is {state!r}, not running; see "
-                           f"{self.console} and `journalctl` in the node")
+            raise LabError(
+                f"node {self.name}: systemd is {state!r}, not running; see {self.console} and `journalctl` in the node"
+            )
 
     def pid(self):
         """PID (in the host's namespace) of the node's running systemd, or None."""
@@ -333,8 +406,23 @@ class Machine:
         pid = self.pid()
         if not pid:
             raise LabError(f"node {self.name} is not running")
-        cmd = [self.fleet.progs["nsenter"], "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "-C",
-               "-r", "-w", "--", "/usr/bin/env", f"{hw.ROOT_ENV}={HW_IN_NODE}", *argv]
+        cmd = [
+            self.fleet.progs["nsenter"],
+            "-t",
+            str(pid),
+            "-m",
+            "-u",
+            "-i",
+            "-n",
+            "-p",
+            "-C",
+            "-r",
+            "-w",
+            "--",
+            "/usr/bin/env",
+            f"{hw.ROOT_ENV}={HW_IN_NODE}",
+            *argv,
+        ]
         kwargs.setdefault("capture_output", True)
         kwargs.setdefault("text", True)
         kwargs.setdefault("check", False)
@@ -359,33 +447,72 @@ class Machine:
         self.new_boot_id()
 
 
-def remove_cgroup(cgroup, attempts=50):
-    """SIGKILL every process left in a cgroup tree, then remove the tree; True if it is gone."""
+def cgroup_pids(cgroup):
+    """PIDs of every process in a cgroup tree (empty when the tree is gone)."""
+    pids = []
+    for procs in Path(cgroup).rglob("cgroup.procs"):
+        try:
+            pids += [int(p) for p in procs.read_text().split()]
+        except OSError:
+            pass
+    return pids
+
+
+def _populated(cgroup):
+    """Whether anything runs in the cgroup tree, as the kernel counts it (cgroup.events)."""
+    try:
+        text = (Path(cgroup) / "cgroup.events").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return bool(cgroup_pids(cgroup))
+    return "populated 1" in text.split("\n")
+
+
+def remove_cgroup(cgroup, timeout=20.0):
+    """Kill every process left in a cgroup tree, wait (bounded) until the kernel says it is
+    empty, then remove the tree bottom-up; True if it is gone.
+
+    A node's processes do not vanish the moment they are sent SIGKILL: each exits in its own
+    time (a busy one may take seconds on a loaded host) and a cgroup is only removable once the
+    kernel has counted the last one out (`populated 0` in cgroup.events).  `cgroup.kill`
+    (Linux 5.14) kills the whole tree at once, forks included; without it every PID is sent
+    SIGKILL again on each pass until the tree is empty.
+    """
     cgroup = Path(cgroup)
     if not cgroup.exists():
         return True
-    for _ in range(attempts):
-        pids = []
-        for procs in cgroup.rglob("cgroup.procs"):
-            try:
-                pids += [int(p) for p in procs.read_text().split()]
-            except OSError:
-                pass
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
-    for sub in sorted((p for p in cgroup.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+    deadline = time.monotonic() + timeout
+    kill = cgroup / "cgroup.kill"
+    while _populated(cgroup):
         try:
-            sub.rmdir()
+            kill.write_text("1\n")
+        except FileNotFoundError:
+            if not cgroup.exists():
+                return True
+            for pid in cgroup_pids(cgroup):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         except OSError:
             pass
-    try:
-        cgroup.rmdir()
-    except OSError:
-        return False
-    return True
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    # rmdir is refused (EBUSY) for a moment after the last process left: retry until the deadline.
+    while True:
+        for sub in sorted((p for p in cgroup.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            try:
+                sub.rmdir()
+            except OSError:
+                pass
+        try:
+            cgroup.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+        time.sleep(0.05)

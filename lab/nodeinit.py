@@ -28,6 +28,7 @@ node's own (a systemd whose /tmp is the host's would empty it).
 
 Standard library only: it runs before anything else exists.
 """
+
 import ctypes
 import json
 import os
@@ -79,8 +80,7 @@ def assemble(cfg):
     node, root = cfg["node_dir"], cfg["root"]
     # Nothing mounted below may propagate back to the host, whatever unshare defaulted to.
     run("mount", "--make-rprivate", "/")
-    mount("overlay", "overlay", root,
-          f"lowerdir=/,upperdir={node}/upper,workdir={node}/work")
+    mount("overlay", "overlay", root, f"lowerdir=/,upperdir={node}/upper,workdir={node}/work")
     mount("proc", "proc", f"{root}/proc", "nosuid,nodev,noexec")
     mount("sysfs", "sysfs", f"{root}/sys", "ro,nosuid,nodev,noexec")
     mount("cgroup2", "cgroup2", f"{root}/sys/fs/cgroup", "nosuid,nodev,noexec")
@@ -94,8 +94,12 @@ def assemble(cfg):
     os.symlink("pts/ptmx", f"{dev}/ptmx")
     os.makedirs(f"{dev}/shm")
     mount("tmpfs", "tmpfs", f"{dev}/shm", "mode=1777,size=256m,nosuid,nodev")
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, f"{dev}/{name}")
     mount("tmpfs", "tmpfs", f"{root}/run", "mode=755,size=256m,nosuid,nodev")
     mount("tmpfs", "tmpfs", f"{root}/tmp", "mode=1777,size=1g,nosuid,nodev")
@@ -111,12 +115,10 @@ def assemble(cfg):
             if path != "sys":
                 bind(target, target)
             run("mount", "-o", "remount,bind,ro", target)
-    bind(f"{cfg['hw_dir']}/proc/sys/kernel/random/boot_id",
-         f"{root}/proc/sys/kernel/random/boot_id", readonly=True)
+    bind(f"{cfg['hw_dir']}/proc/sys/kernel/random/boot_id", f"{root}/proc/sys/kernel/random/boot_id", readonly=True)
     for path in cfg.get("host_paths", ()):  # shortest first: a parent before what is under it
         # hidden: missing, or only the empty mount point an earlier boot left in the upper dir
-        if os.path.isdir(path) and os.listdir(path) and not (
-                os.path.isdir(root + path) and os.listdir(root + path)):
+        if os.path.isdir(path) and os.listdir(path) and not (os.path.isdir(root + path) and os.listdir(root + path)):
             os.makedirs(root + path, exist_ok=True)
             bind(path, root + path, readonly=True)
     bind(cfg["lab_package"], root + cfg["lab_package"], readonly=True)
@@ -126,8 +128,7 @@ def check_private(cfg):
     """Refuse to start systemd anywhere but on the node's own root, /run and /tmp."""
     root = cfg["root"]
     mounted = mountpoints()
-    missing = [p for p in (root, f"{root}/run", f"{root}/tmp", f"{root}/proc", f"{root}/dev")
-               if p not in mounted]
+    missing = [p for p in (root, f"{root}/run", f"{root}/tmp", f"{root}/proc", f"{root}/dev") if p not in mounted]
     if os.path.realpath(root) == "/" or missing:
         raise SystemExit(f"lab-nodeinit: refusing to start systemd: not private: {missing or [root]}")
     if os.getpid() != 1:

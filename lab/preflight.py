@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """What the lab needs from the machine it runs on, checked before anything is changed."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,14 @@ PROGRAMS = {
 SYSTEMD = "/lib/systemd/systemd"
 SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin")
 
-NAMESPACES = (("--mount", "mount"), ("--uts", "UTS"), ("--ipc", "IPC"), ("--net", "network"),
-              ("--pid", "PID"), ("--cgroup", "cgroup"))
+NAMESPACES = (
+    ("--mount", "mount"),
+    ("--uts", "UTS"),
+    ("--ipc", "IPC"),
+    ("--net", "network"),
+    ("--pid", "PID"),
+    ("--cgroup", "cgroup"),
+)
 
 
 class LabError(Exception):
@@ -49,15 +56,16 @@ def programs():
     if missing:
         pkgs = " ".join(sorted(missing))
         what = ", ".join(f"{', '.join(progs)} ({pkg})" for pkg, progs in sorted(missing.items()))
-        raise LabError(f"the lab needs programs this machine lacks: {what}; "
-                       f"install them with: apt-get install {pkgs}")
+        raise LabError(f"the lab needs programs this machine lacks: {what}; install them with: apt-get install {pkgs}")
     return found
 
 
 def require_root():
     if os.geteuid() != 0:
-        raise LabError("the lab must run as root: it creates namespaces, mounts and network "
-                       "interfaces (try: sudo -E python -m lab ...)")
+        raise LabError(
+            "the lab must run as root: it creates namespaces, mounts and network "
+            "interfaces (try: sudo -E python -m lab ...)"
+        )
 
 
 def cgroup2_mount():
@@ -68,9 +76,11 @@ def cgroup2_mount():
             sep = fields.index("-")
             if fields[sep + 1] == "cgroup2":
                 return fields[4]
-    raise LabError("no cgroup v2 hierarchy is mounted on this host (systemd in a lab node needs "
-                   "one): mount it with `mount -t cgroup2 none /sys/fs/cgroup/unified` or boot "
-                   "with systemd.unified_cgroup_hierarchy=1")
+    raise LabError(
+        "no cgroup v2 hierarchy is mounted on this host (systemd in a lab node needs "
+        "one): mount it with `mount -t cgroup2 none /sys/fs/cgroup/unified` or boot "
+        "with systemd.unified_cgroup_hierarchy=1"
+    )
 
 
 def namespaces(unshare):
@@ -82,10 +92,12 @@ def namespaces(unshare):
         extra = ["--fork"] if flag == "--pid" else []
         proc = subprocess.run([unshare, flag, *extra, "true"], capture_output=True, text=True, check=False)
         if proc.returncode:
-            raise LabError(f"the kernel refuses to create a {kind} namespace "
-                           f"(`unshare {flag}`: {proc.stderr.strip()}); the lab needs mount, UTS, "
-                           "IPC, network, PID and cgroup namespaces: run it on a host or VM, or a "
-                           "container started with --privileged")
+            raise LabError(
+                f"the kernel refuses to create a {kind} namespace "
+                f"(`unshare {flag}`: {proc.stderr.strip()}); the lab needs mount, UTS, "
+                "IPC, network, PID and cgroup namespaces: run it on a host or VM, or a "
+                "container started with --privileged"
+            )
     raise LabError(f"`{' '.join(argv)}` fails although each namespace alone works")
 
 

@@ -1,5 +1,14 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Test-wide set-up: import paths for the collection and the lab, and lab-tree fixtures."""
+"""Test-wide set-up: import paths for the collection and the lab, lab-tree fixtures, and the
+session's one lab (`session_lab`: booted by the first test that needs it, down at the end).
+
+Tiers (each a directory; run one with `pytest tests/<tier>`):
+  tests/unit         plain Python: parsers, planners, models; no subprocess, no lab
+  tests/integration  modules and roles through ansible-playbook on localhost (-c local)
+  tests/lab          the lab itself and its stand-ins (root and the lab's packages for the fleet)
+  tests/fleet        the playbooks end to end on the lab's fleet (root, slow)
+"""
+
 from __future__ import annotations
 
 import os
@@ -39,12 +48,54 @@ def any_profile(request):
 @pytest.fixture
 def ansible_env():
     """Environment for ansible-playbook runs from the repository root."""
-    env = dict(os.environ)
-    env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
-    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-    env.setdefault("ANSIBLE_NOCOLOR", "1")
-    return env
+    from tests.support import ansible_environment
 
+    return ansible_environment()
+
+
+@pytest.fixture(scope="session")
+def session_lab():
+    """The run's one lab (tests.support.SessionLab), shared by tests/lab, tests/fleet and the
+    operations tests; skipped, saying why, where the lab cannot run."""
+    from tests.support import SessionLab, lab_prerequisites
+
+    missing = lab_prerequisites()
+    if missing:
+        pytest.skip(f"lab prerequisites: {missing}")
+    lab = SessionLab(REPO / ".lab-state" / f"pytest-{os.getpid()}")
+    try:
+        lab.up()
+        yield lab
+    finally:
+        lab.down()
+
+
+TIERS = ("unit", "integration", "lab", "fleet", "vllm_parser")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test carries its tier's marker (its directory under tests/), and `needs_lab` when it
+    uses the session's lab: `pytest -m "not needs_lab"` runs everything that boots no lab."""
+    tests_dir = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            tier = Path(str(item.fspath)).resolve().relative_to(tests_dir).parts[0]
+        except ValueError:
+            continue
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
+        if "session_lab" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.needs_lab)
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests import support
+
+    if support.LAB_TIMINGS:
+        terminalreporter.section("lab: boots and ansible-playbook wall times")
+        for label, seconds, rc in support.LAB_TIMINGS:
+            terminalreporter.write_line(f"{seconds:7.1f} s  rc={rc}  {label}")
+        terminalreporter.write_line(f"{sum(t for _, t, _ in support.LAB_TIMINGS):7.1f} s  in all")
 
 
 @pytest.fixture

@@ -1,18 +1,22 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""End-to-end tests of the playbooks on a lab fleet of their own.
+"""End-to-end tests of the playbooks on the fleet nodes of the session's lab.
 
-One lab per test session (default two nodes: a healthy ``l40s-4x-switch`` and the
+The lab is tests/conftest.py's `session_lab` (one per pytest run, shared with tests/lab and the
+operations tests); this fleet is its first nodes (default two: a healthy ``l40s-4x-switch`` and the
 ``l40s-x8-degraded`` node that must never be registered; ``GPUFLEET_FLEET_PROFILES=a,b,...``
-picks others), in ``.lab-state/pytest-fleet-<pid>`` (never the default ``.lab-state`` nor
-``inventories/lab/hosts.yml``), brought down at the end of the session.  ``ansible-playbook``
-runs from the repository root with ``-i <state>/hosts.yml``; the drift report goes to
-``<state>/drift`` (never the repository's ``./drift``).  Node state is read with
-pytest-testinfra (``ansible://`` backend on the lab's inventory: plain SSH with its key).
+picks others), reached through an inventory of those nodes only (``<state>/hosts-fleet.yml``).
+``ansible-playbook`` runs from the repository root; the drift report goes to ``<state>/drift``
+(never the repository's ``./drift``).  Node state is read with pytest-testinfra (``ansible://``
+backend on the fleet's inventory: plain SSH with its key).
 
-The tests change the fleet (reboots, faults): every test that needs the converged fleet asks
-for the ``converged`` fixture, which re-runs site.yml only when an earlier test left the fleet
-changed (``fleet.dirty``).  Wall times of every playbook run are printed at the end.
+No test depends on the order of the files or of the tests: every test that needs the converged
+fleet asks for the ``converged`` fixture, and a test that needs one node converged calls
+``fleet.converge(nodes=[node])``: site.yml runs, limited to them, only on the nodes not known to be
+converged (``fleet.changed(node)``: a reboot, a power cycle, a fault, a refused run; a test that
+puts a node back as site.yml leaves it says ``fleet.restored(node)``); ``first_run`` is site.yml's
+first run on the fresh fleet, made by whichever test asks first.  Wall times of every playbook run are printed at the end.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,37 +26,20 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests import support
+
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-PROFILES = [p.strip() for p in os.environ.get(
-    "GPUFLEET_FLEET_PROFILES", "l40s-4x-switch,l40s-x8-degraded").split(",") if p.strip()]
+PROFILES = support.FLEET_PROFILES
 BACKEND = "vllm_pool"
 PLAYBOOK_TIMEOUT = 900
 
-_RECAP = re.compile(r"^(?P<host>\S+)\s+:\s+ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+"
-                    r"unreachable=(?P<unreachable>\d+)\s+failed=(?P<failed>\d+)\s+"
-                    r"skipped=(?P<skipped>\d+)\s+rescued=(?P<rescued>\d+)\s+ignored=(?P<ignored>\d+)",
-                    re.M)
-_TIMINGS: list[tuple[str, float, int]] = []
-
-
-def _prerequisites():
-    if os.geteuid() != 0:
-        return "the lab needs root"
-    try:
-        from lab import preflight
-        preflight.check()
-    except Exception as exc:  # LabError, or a host without the lab's programs
-        return str(exc)
-    return None
-
-
-_MISSING = _prerequisites()
+_MISSING = support.lab_prerequisites()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -66,37 +53,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def pytest_terminal_summary(terminalreporter):
-    if not _TIMINGS:
-        return
-    terminalreporter.section("fleet: ansible-playbook wall times")
-    for label, seconds, rc in _TIMINGS:
-        terminalreporter.write_line(f"{seconds:7.1f} s  rc={rc}  {label}")
-    terminalreporter.write_line(f"{sum(t for _, t, _ in _TIMINGS):7.1f} s  in all")
-
-
-@dataclass
-class Run:
-    """One ansible-playbook run: exit status, output, PLAY RECAP per host, wall time."""
-    argv: list
-    rc: int
-    output: str
-    seconds: float
-    recap: dict = field(default_factory=dict)
-
-    @classmethod
-    def make(cls, argv, rc, output, seconds):
-        recap = {m["host"]: {k: int(v) for k, v in m.groupdict().items() if k != "host"}
-                 for m in _RECAP.finditer(output)}
-        return cls(argv, rc, output, seconds, recap)
-
-    def explain(self):
-        return f"`{' '.join(map(str, self.argv))}` exited {self.rc} in {self.seconds:.1f} s:\n{self.output[-6000:]}"
-
-    def host_failures(self, host):
-        """The messages of the tasks that failed on host (default callback, YAML results)."""
-        return re.findall(rf"^fatal: \[{re.escape(host)}(?: -> [^\]]+)?\]: FAILED! =>.*?(?=^\S|\Z)",
-                          self.output, re.M | re.S)
+Run = support.PlaybookRun
 
 
 @dataclass
@@ -108,14 +65,16 @@ class Drift:
 
 
 class LabFleet:
-    """The session's lab: `lab` verbs, playbook runs, the balancer, testinfra hosts."""
+    """The fleet's nodes of the session's lab: `lab` verbs, playbook runs, the balancer, testinfra."""
 
-    def __init__(self, state: Path):
+    def __init__(self, session):
         self.repo = REPO
-        self.state = state
-        self.inventory = state / "hosts.yml"
-        self.drift_dir = state / "drift"
-        self.dirty = True  # not converged until site.yml has run
+        self.session = session
+        self.state = session.state
+        self.names = list(session.fleet_nodes)
+        self.inventory = session.inventory(self.names, "fleet")
+        self.drift_dir = self.state / "drift"
+        self._dirty = set(self.names)  # not converged until site.yml has run on them
         self.first_run: Run | None = None
         self.first_pool: dict = {}
         self.first_config: dict = {}
@@ -123,12 +82,35 @@ class LabFleet:
         self._status = None
 
     # --- the lab ------------------------------------------------------------------------------
+    @property
+    def dirty(self):
+        """Nodes not known to be as site.yml leaves them."""
+        return sorted(self._dirty)
+
+    def changed(self, *nodes):
+        """A test changed these nodes (all when none are named): converge runs site.yml on them."""
+        self._dirty |= set(nodes or self.names)
+
+    def restored(self, *nodes):
+        """A test put these nodes back as site.yml leaves them (and checked that it did)."""
+        self._dirty -= set(nodes or self.names)
+
     def lab(self, *args, check=True, timeout=180):
-        if args and args[0] in ("reboot", "stop", "start", "balancer"):
+        if args and args[0] in ("reboot", "stop", "start"):
             self._status = None
-            self.dirty = True
-        proc = subprocess.run([sys.executable, "-m", "lab", *args, "--state-dir", str(self.state)],
-                              cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False)
+            self.changed(args[1])
+        elif args and args[0] == "balancer":
+            # a restarted HAProxy keeps the servers of its config file; still, nobody checked
+            self._status = None
+            self.changed(*self.healthy)
+        proc = subprocess.run(
+            [sys.executable, "-m", "lab", *args, "--state-dir", str(self.state)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
         if check and proc.returncode:
             raise AssertionError(f"lab {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
         return proc
@@ -140,7 +122,8 @@ class LabFleet:
 
     @property
     def nodes(self):
-        return {n["name"]: n for n in self.status()["nodes"]}
+        """{name: status} of the fleet's nodes (the lab's other nodes are other tests')."""
+        return {n["name"]: n for n in self.status()["nodes"] if n["name"] in self.names}
 
     @property
     def healthy(self):
@@ -152,6 +135,7 @@ class LabFleet:
 
     def hw(self, node):
         import lab.hwmodel as hw
+
         return hw.Node.load(self.state / "nodes" / node / "hw")
 
     def reboot(self, node):
@@ -160,39 +144,42 @@ class LabFleet:
     # --- ansible ------------------------------------------------------------------------------
     def env(self, **extra):
         env = dict(os.environ)
-        env.update({
-            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-            "PATH": f"{VENV_BIN}:{env.get('PATH', '')}",
-            "ANSIBLE_NOCOLOR": "1",
-            "ANSIBLE_FORCE_COLOR": "0",
-            "ANSIBLE_STDOUT_CALLBACK": "default",
-            "ANSIBLE_FORKS": str(max(len(PROFILES), 1)),
-            "GPUFLEET_DRIFT_DIR": str(self.drift_dir),
-        })
+        env.update(
+            {
+                "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+                "PATH": f"{VENV_BIN}:{env.get('PATH', '')}",
+                "ANSIBLE_NOCOLOR": "1",
+                "ANSIBLE_FORCE_COLOR": "0",
+                "ANSIBLE_STDOUT_CALLBACK": "default",
+                "ANSIBLE_FORKS": str(max(len(PROFILES), 1)),
+                "GPUFLEET_DRIFT_DIR": str(self.drift_dir),
+            }
+        )
         env.pop("ANSIBLE_INVENTORY", None)
         env.update({k: str(v) for k, v in extra.items()})
         return env
 
     def argv(self, playbook, *args, limit=None, extra_vars=None):
-        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(self.inventory), f"playbooks/{playbook}"]
-        if limit:
-            argv += ["--limit", limit]
-        for value in extra_vars or ():
-            argv += ["-e", value if isinstance(value, str) else json.dumps(value)]
-        return argv + list(args)
+        return support.playbook_argv(playbook, *args, inventory=self.inventory, limit=limit, extra_vars=extra_vars)
 
-    def playbook(self, playbook, *args, limit=None, extra_vars=None, env=None, label=None,
-                 timeout=PLAYBOOK_TIMEOUT):
-        argv = self.argv(playbook, *args, limit=limit, extra_vars=extra_vars)
-        t0 = time.monotonic()
-        proc = subprocess.run(argv, cwd=REPO, env=self.env(**(env or {})), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, timeout=timeout, check=False)
-        return self.record(argv, proc.returncode, proc.stdout, time.monotonic() - t0, label)
+    def playbook(self, playbook, *args, limit=None, extra_vars=None, env=None, label=None, timeout=PLAYBOOK_TIMEOUT):
+        run = support.run_playbook(
+            playbook,
+            *args,
+            inventory=self.inventory,
+            limit=limit,
+            extra_vars=extra_vars,
+            env=self.env(**(env or {})),
+            timeout=timeout,
+            merge_stderr=True,
+        )
+        support.LAB_TIMINGS.append((label or " ".join(run.argv[3:]), run.seconds, run.rc))
+        return run
 
     def record(self, argv, rc, output, seconds, label=None):
-        """A Run of argv, its wall time kept for the session's summary."""
-        run = Run.make(argv, rc, output, seconds)
-        _TIMINGS.append((label or " ".join(argv[3:]), run.seconds, run.rc))
+        """A Run of argv (run by the test itself), its wall time kept for the session's summary."""
+        run = Run(argv, rc, output, "", seconds, support.parse_recap(output))
+        support.LAB_TIMINGS.append((label or " ".join(map(str, argv[3:])), run.seconds, run.rc))
         return run
 
     def site(self, *args, **kw):
@@ -201,8 +188,15 @@ class LabFleet:
     def drift(self, *args, drift_dir=None, label=None, **kw):
         directory = Path(drift_dir) if drift_dir else self.drift_dir
         shutil.rmtree(directory, ignore_errors=True)
-        run = self.playbook("drift.yml", "--check", "--diff", *args, label=label or "drift.yml --check --diff",
-                            env={"GPUFLEET_DRIFT_DIR": directory}, **kw)
+        run = self.playbook(
+            "drift.yml",
+            "--check",
+            "--diff",
+            *args,
+            label=label or "drift.yml --check --diff",
+            env={"GPUFLEET_DRIFT_DIR": directory},
+            **kw,
+        )
 
         def read(name):
             path = directory / name
@@ -211,20 +205,28 @@ class LabFleet:
         report = json.loads(read("report.json") or "{}")
         return Drift(run, report, read("report.txt"), read("gpufleet_drift.prom"))
 
-    def converge(self, why=None):
-        """Run site.yml when the fleet is not known to be converged; the first run is kept."""
-        if not self.dirty and not why:
+    def converge(self, why=None, nodes=None):
+        """Run site.yml on the nodes (default all) not known to be converged, limited to them, or
+        on all of `nodes` when `why`; the first run is always on the whole fresh fleet, and kept."""
+        nodes = list(nodes or self.names)
+        targets = [n for n in nodes if n in self._dirty] or (nodes if why else [])
+        if self.first_run is not None and not targets:
             return self.first_run
-        # A gate verdict holds for its boot: a node that a fault test failed is measured again.
-        extra = [] if self.first_run is None else ["nccl_gate_force=true"]
-        label = f"site.yml (converge{': ' + why if why else ''})" if self.first_run else "site.yml (first run)"
-        run = self.site(extra_vars=extra, label=label)
+        if self.first_run is None:
+            targets, limit, extra, label = list(self.names), None, [], "site.yml (first run)"
+        else:
+            # A gate verdict holds for its boot: a node that a fault test failed is measured again.
+            limit = None if set(targets) == set(self.names) else ",".join(targets)
+            extra = ["nccl_gate_force=true"]
+            label = f"site.yml{' --limit ' + limit if limit else ''} (converge{': ' + why if why else ''})"
+        run = self.site(limit=limit, extra_vars=extra, label=label)
         if self.first_run is None:
             # What the first run left, for the tests that judge it whatever ran since.
             self.first_run, self.first_pool, self.first_config = run, self.pool(), self.config_servers()
         for node in self.healthy:
-            assert self.recap_ok(run, node), f"site.yml did not converge {node}: {run.explain()}"
-        self.dirty = False
+            if node in targets:
+                assert self.recap_ok(run, node), f"site.yml did not converge {node}: {run.explain()}"
+        self.restored(*targets)
         return run
 
     @staticmethod
@@ -238,28 +240,39 @@ class LabFleet:
         return self.status()["balancer"]
 
     def pool(self):
-        """{name: server} of the vLLM backend, from HAProxy's runtime API."""
+        """{name: server} of the fleet's nodes in the vLLM backend, from HAProxy's runtime API
+        (the spare node of the session's lab may be there too: the operations tests' business)."""
         from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import RuntimeAPI
-        return RuntimeAPI(self.balancer["runtime_socket"]).servers(self.balancer["backend"])
+
+        servers = RuntimeAPI(self.balancer["runtime_socket"]).servers(self.balancer["backend"])
+        return {name: server for name, server in servers.items() if name not in self.session_only()}
+
+    def session_only(self):
+        """Names of the lab's nodes that are not this fleet's."""
+        return {n["name"] for n in self.status()["nodes"]} - set(self.names)
 
     def config_servers(self):
         """{name: 'address:port'} of the backend's `server` lines in HAProxy's config file."""
         text = Path(self.balancer["config"]).read_text()
         section = re.search(rf"^backend\s+{BACKEND}\s*$(.*?)(?=^\S|\Z)", text, re.M | re.S)
         assert section, f"no backend {BACKEND} in {self.balancer['config']}"
-        return {m[1]: m[2] for m in re.finditer(r"^\s+server\s+(\S+)\s+(\S+)", section[1], re.M)}
+        return {
+            m[1]: m[2]
+            for m in re.finditer(r"^\s+server\s+(\S+)\s+(\S+)", section[1], re.M)
+            if m[1] not in self.session_only()
+        }
 
     def deregister(self, node):
         """Take node out of the pool behind the playbooks' back (test set-up only)."""
-        from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import (
-            RuntimeAPI, config_with_server)
+        from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import RuntimeAPI, config_with_server
+
         api = RuntimeAPI(self.balancer["runtime_socket"])
         if node in api.servers(BACKEND):
             api.run(f"set server {BACKEND}/{node} state maint")
             api.run(f"del server {BACKEND}/{node}")
         config = Path(self.balancer["config"])
         config.write_text(config_with_server(config.read_text(), BACKEND, node, None))
-        self.dirty = True
+        self.changed(node)
 
     def wait_pool(self, predicate, timeout=20.0):
         """Poll the pool until predicate(pool) holds; return the last pool seen."""
@@ -275,13 +288,17 @@ class LabFleet:
         """A testinfra host for node (ansible:// backend on the lab's inventory: SSH with its key)."""
         if node not in self._hosts:
             import testinfra
+
             self._hosts[node] = testinfra.get_host(f"ansible://{node}", ansible_inventory=str(self.inventory))
         return self._hosts[node]
 
     def agent(self, node):
         """What the node's HAProxy agent answers the balancer (asked from the node itself)."""
-        return self.sh(node, "python3 -c 'import socket; print(socket.create_connection((\"127.0.0.1\", 9777), 5)"
-                             ".makefile().readline().strip())'").strip()
+        return self.sh(
+            node,
+            'python3 -c \'import socket; print(socket.create_connection(("127.0.0.1", 9777), 5)'
+            ".makefile().readline().strip())'",
+        ).strip()
 
     def unit_state(self, node, unit):
         """{ActiveState, SubState, Result} of a unit on node."""
@@ -303,23 +320,12 @@ def _ensure_path():
 
 
 @pytest.fixture(scope="session")
-def fleet():
-    """The session's lab (PROFILES), up for the whole session, down at its end."""
+def fleet(session_lab):
+    """The fleet's nodes of the session's lab (PROFILES)."""
     if _MISSING:
         pytest.skip(f"lab prerequisites: {_MISSING}")
     _ensure_path()
-    state = REPO / ".lab-state" / f"pytest-fleet-{os.getpid()}"
-    f = LabFleet(state)
-    f.lab("down", check=False)
-    shutil.rmtree(state, ignore_errors=True)
-    t0 = time.monotonic()
-    try:
-        f.lab("up", "--profiles", ",".join(PROFILES))
-        _TIMINGS.append((f"lab up --profiles {','.join(PROFILES)}", time.monotonic() - t0, 0))
-        yield f
-    finally:
-        f.lab("down", check=False)
-        shutil.rmtree(state, ignore_errors=True)
+    return LabFleet(session_lab)
 
 
 @pytest.fixture(scope="session")
@@ -332,6 +338,6 @@ def first_run(fleet):
 
 @pytest.fixture
 def converged(fleet):
-    """The fleet as site.yml leaves it (re-converged only when an earlier test changed it)."""
+    """The fleet as site.yml leaves it (site.yml runs only on the nodes an earlier test changed)."""
     fleet.converge()
     return fleet

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """site.yml on a fresh lab fleet: who is registered and why not, idempotence, a clean drift check."""
+
 from __future__ import annotations
 
 import os
@@ -86,8 +87,13 @@ def test_drift_is_clean_after_site(fleet, converged):
 
 def test_drift_of_one_node_with_limit_writes_a_report(fleet, converged):
     node = fleet.healthy[0]
-    drift = fleet.drift("--tags", "drift_report", limit=node, drift_dir=fleet.state / "drift-limit",
-                        label=f"drift.yml --check --diff --limit {node} --tags drift_report")
+    drift = fleet.drift(
+        "--tags",
+        "drift_report",
+        limit=node,
+        drift_dir=fleet.state / "drift-limit",
+        label=f"drift.yml --check --diff --limit {node} --tags drift_report",
+    )
     assert drift.run.rc == 0, drift.run.explain()
     assert drift.report, f"no report written:\n{drift.run.output[-3000:]}"
     assert list(drift.report["nodes"]) == [node], drift.report

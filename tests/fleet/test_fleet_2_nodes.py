@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """What site.yml leaves on every node, read with testinfra over the lab's SSH."""
+
 from __future__ import annotations
 
 import itertools
@@ -16,10 +17,15 @@ import lab.hwmodel as hw
 pytestmark = pytest.mark.slow
 
 # As conftest.py names them: node1, node2, ... in the order of GPUFLEET_FLEET_PROFILES.
-PROFILES = [p.strip() for p in os.environ.get(
-    "GPUFLEET_FLEET_PROFILES", "l40s-4x-switch,l40s-x8-degraded").split(",") if p.strip()]
-NODES = [pytest.param(f"node{i + 1}", hw.PROFILES[p].get("expect_registered", True), id=f"node{i + 1}-{p}")
-         for i, p in enumerate(PROFILES)]
+PROFILES = [
+    p.strip()
+    for p in os.environ.get("GPUFLEET_FLEET_PROFILES", "l40s-4x-switch,l40s-x8-degraded").split(",")
+    if p.strip()
+]
+NODES = [
+    pytest.param(f"node{i + 1}", hw.PROFILES[p].get("expect_registered", True), id=f"node{i + 1}-{p}")
+    for i, p in enumerate(PROFILES)
+]
 
 ENV_FILE = "/etc/gpufleet/gpu-runtime.env"
 MARKER = "/run/gpufleet/nccl-gate.json"
@@ -32,8 +38,9 @@ def _env(text):
 
 def _acs_writes(unit_text):
     """[(bdf, value, mask)] of the boot unit's `setpci -s BDF ECAP_ACS+0x6.w=VALUE:MASK` lines."""
-    found = re.findall(r"^ExecStart=\S*setpci .*?-s (\S+) ECAP_ACS\+0x6\.w=([0-9a-f]+):([0-9a-f]+)\s*$",
-                       unit_text, re.M | re.I)
+    found = re.findall(
+        r"^ExecStart=\S*setpci .*?-s (\S+) ECAP_ACS\+0x6\.w=([0-9a-f]+):([0-9a-f]+)\s*$", unit_text, re.M | re.I
+    )
     return [(bdf, int(v, 16), int(m, 16)) for bdf, v, m in found]
 
 
@@ -73,8 +80,11 @@ def test_units_enabled(converged, node, registered):
     agent = host.service("gpufleet-lb-agent.socket")
     vllm = host.service("vllm.service")
     # the agent comes with registration, which a node that failed its gate never reached
-    assert agent.is_enabled and agent.is_running if registered else not host.file(
-        "/etc/systemd/system/gpufleet-lb-agent.socket").exists
+    assert (
+        agent.is_enabled and agent.is_running
+        if registered
+        else not host.file("/etc/systemd/system/gpufleet-lb-agent.socket").exists
+    )
     if registered:
         assert vllm.is_running and not vllm.is_enabled
         assert host.file("/etc/systemd/system/vllm.service").mode == 0o644

@@ -7,17 +7,17 @@ runtime_api, as a `stats socket ipv4@LB:PORT level admin` listener serves it). T
 has only its admin UNIX socket on the host, so this test relays a TCP port on the node's gateway
 address to that socket, byte for byte, and records the commands that pass.
 
-Needs root and the lab's packages; skipped otherwise. Own state dir: .lab-state/pytest-ops-<pid>.
+Runs on the spare node of the session's lab (tests/conftest.py's `session_lab`, shared with tests/lab
+and tests/fleet), through an inventory of that node only; the module's fixture serves it first
+(ops_recycle.yml), whatever ran there before, and takes it out of the pool at the end.
+Needs root and the lab's packages; skipped otherwise.
 """
+
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -25,30 +25,12 @@ from pathlib import Path
 
 import pytest
 
-from lab import preflight
-from lab.fleet import Fleet
+from tests import support
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOKS = REPO / "tests" / "integration" / "playbooks"
 
-
-def _prerequisites():
-    if os.geteuid() != 0:
-        return "the lab needs root"
-    try:
-        preflight.check()
-    except preflight.LabError as exc:
-        return str(exc)
-    try:
-        import prometheus_client  # noqa: F401  (the modules run on the controller too)
-    except ImportError:
-        return "prometheus-client is not installed"
-    if subprocess.run(["/usr/bin/python3", "-c", "import prometheus_client"], capture_output=True).returncode:
-        return "the nodes' python3 lacks prometheus_client (Debian package python3-prometheus-client)"
-    return None
-
-
-_MISSING = _prerequisites()
+_MISSING = support.lab_prerequisites(prometheus=True)
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"lab prerequisites: {_MISSING}")
 
 
@@ -92,51 +74,67 @@ class Relay:
         self.server.close()
 
 
+RECYCLE_VARS = {
+    "worker_recycle_interval": "1s",
+    "worker_recycle_boot_delay": "1s",
+    "worker_recycle_window": 8,
+    # six samples before judging: enough TTFT histograms for the p95 trend even on a loaded machine
+    "worker_recycle_min_samples": 6,
+    "worker_recycle_rss_slope_mib_per_min": 300,
+    "worker_recycle_drain_timeout": 10,
+    "worker_recycle_health_timeout": 60,
+    # the lab's nodes share the host's Debian packages (python3-prometheus-client is checked above);
+    # the package task costs 7 s per run for nothing here
+    "worker_recycle_install_packages": False,
+}
+
+
 @pytest.fixture(scope="module")
-def lab():
-    state = REPO / ".lab-state" / f"pytest-ops-{os.getpid()}"
-    shutil.rmtree(state, ignore_errors=True)
-    t0 = time.monotonic()
-    relay = None
+def lab(session_lab):
+    """The spare node served by ops_recycle.yml (vLLM stand-in, in the pool, recycle timer)."""
+    node = session_lab.spare
+    fleet = session_lab.fleet
+    spec = session_lab.spec(node)
+    inventory = session_lab.inventory([node], "ops")
+    relay = Relay(spec["gateway"], str(fleet.balancer().socket))
+    ctx = {
+        "fleet": fleet,
+        "session": session_lab,
+        "node": node,
+        "spec": spec,
+        "relay": relay,
+        "inventory": inventory,
+        "url": "http://%s:8000" % spec["address"],
+    }
     try:
-        proc = subprocess.run([sys.executable, "-m", "lab", "up", "--nodes", "1", "--profiles", "l40s-4x-switch",
-                               "--state-dir", str(state)], cwd=REPO, capture_output=True, text=True, timeout=180)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        fleet = Fleet(state)
-        spec = fleet.data()["nodes"][0]
-        relay = Relay(spec["gateway"], str(fleet.balancer().socket))
-        print(f"\nops lab up: {time.monotonic() - t0:.1f} s")
-        yield {"fleet": fleet, "spec": spec, "relay": relay, "inventory": state / "hosts.yml",
-               "url": "http://%s:8000" % spec["address"]}
+        # whatever an earlier test left on the spare node: no leak drop-in, no earlier agent state
+        ssh(
+            ctx,
+            "rm -f /etc/systemd/system/vllm.service.d/50-lab-decay.conf "
+            "/run/gpufleet/worker-recycle.json /var/lib/gpufleet/worker-recycle/state.json; "
+            "systemctl daemon-reload",
+        )
+        extra = dict(RECYCLE_VARS, worker_recycle_balancer_endpoint=relay.endpoint)
+        ctx["serve"] = playbook(ctx, None, PLAYBOOKS / "ops_recycle.yml", extra)
+        yield ctx
     finally:
-        if relay:
-            relay.close()
-        subprocess.run([sys.executable, "-m", "lab", "down", "--state-dir", str(state)], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
-        shutil.rmtree(state, ignore_errors=True)
+        relay.close()
+        api = fleet.balancer()
+        if pool_state(ctx) is not None:  # out of the pool: the lab's other tests judge it without
+            api.command(f"set server vllm_pool/{node} state maint")
+            api.command(f"del server vllm_pool/{node}")
 
 
 def ssh(lab, command, check=True, timeout=60):
-    fleet, spec = lab["fleet"], lab["spec"]
-    argv = ["ssh", "-i", str(fleet.key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-            "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", f"root@{spec['address']}", command]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode:
-        raise AssertionError(f"ssh {command!r} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
-    return proc.stdout
+    return lab["session"].ssh(lab["node"], command, check=check, timeout=timeout)
 
 
 def playbook(lab, ansible_env, path, extra=None, *args):
-    argv = ["ansible-playbook", "-i", str(lab["inventory"]), str(path)]
-    if extra:
-        argv += ["-e", json.dumps(extra)]
-    return subprocess.run(argv + list(args), cwd=REPO, env=ansible_env, capture_output=True, text=True, timeout=300)
+    return support.run_playbook(path, *args, inventory=lab["inventory"], extra_vars=extra, env=ansible_env, timeout=300)
 
 
 def recap(proc):
-    found = re.findall(r"node1\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", proc.stdout)
-    assert found, proc.stdout + proc.stderr
-    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, found[-1])))
+    return proc.host()
 
 
 def main_pid(lab):
@@ -144,11 +142,11 @@ def main_pid(lab):
 
 
 def pool_state(lab):
-    """node1's (srv_admin_state, srv_op_state) in the lab's pool, or None."""
+    """The node's (srv_admin_state, srv_op_state) in the lab's pool, or None."""
     text = lab["fleet"].balancer().command("show servers state vllm_pool")
     for line in text.splitlines():
         fields = line.split()
-        if len(fields) > 7 and fields[3] == "node1":
+        if len(fields) > 7 and fields[3] == lab["node"]:
             return int(fields[6]), int(fields[5])
     return None
 
@@ -206,29 +204,21 @@ def wait_for(predicate, timeout, step=0.5):
     return predicate()
 
 
-RECYCLE_VARS = {
-    "worker_recycle_interval": "1s", "worker_recycle_boot_delay": "1s", "worker_recycle_window": 8,
-    # six samples before judging: enough TTFT histograms for the p95 trend even on a loaded machine
-    "worker_recycle_min_samples": 6, "worker_recycle_rss_slope_mib_per_min": 300,
-    "worker_recycle_drain_timeout": 10, "worker_recycle_health_timeout": 60,
-    # the lab's nodes share the host's Debian packages (python3-prometheus-client is checked above);
-    # the package task costs 7 s per run for nothing here
-    "worker_recycle_install_packages": False,
-}
-
-
-def test_serving_node_with_recycle_timer(lab, ansible_env):
-    extra = dict(RECYCLE_VARS, worker_recycle_balancer_endpoint=lab["relay"].endpoint)
-    t0 = time.monotonic()
-    proc = playbook(lab, ansible_env, PLAYBOOKS / "ops_recycle.yml", extra)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
-    print(f"\nops_recycle.yml: {time.monotonic() - t0:.1f} s")
+def test_serving_node_with_recycle_timer(lab):
+    proc = lab["serve"]
+    assert proc.returncode == 0, proc.explain(4000)
+    print(f"\nops_recycle.yml: {proc.seconds:.1f} s")
     assert ssh(lab, "systemctl is-active gpufleet-worker-recycle.timer").strip() == "active"
     assert ssh(lab, "systemctl show -p MemorySwapMax --value vllm.service").strip() == "0"
     config = json.loads(ssh(lab, "cat /etc/gpufleet/worker-recycle.json"))
-    assert config["balancer"] == {"method": "runtime_api", "endpoint": lab["relay"].endpoint,
-                                  "backend": "vllm_pool", "server": "node1", "drain_command": [],
-                                  "return_command": []}
+    assert config["balancer"] == {
+        "method": "runtime_api",
+        "endpoint": lab["relay"].endpoint,
+        "backend": "vllm_pool",
+        "server": lab["node"],
+        "drain_command": [],
+        "return_command": [],
+    }
     assert pool_state(lab)[0] == 0  # in the pool, admin state ready
     # idempotence and check mode: tests/integration/test_ops_role.py
 
@@ -238,8 +228,9 @@ def test_no_recycle_while_rss_is_flat(lab):
     with Traffic(lab["url"]) as traffic:
         start = time.time()
         # a window of samples taken while the traffic flows (the timer fires every 1-2 s)
-        status = wait_for(lambda: (lambda s: s if s.get("samples", 0) >= 5 and s["time"] > start + 8
-                                   else None)(agent_status(lab)), 40)
+        status = wait_for(
+            lambda: (lambda s: s if s.get("samples", 0) >= 5 and s["time"] > start + 8 else None)(agent_status(lab)), 40
+        )
     assert status, agent_status(lab)
     assert status["classification"] == "steady" and status["recycle"] is False, status
     assert abs(status["rss_slope_mib_per_min"]) < 300 and status["recycles"] == 0
@@ -252,29 +243,43 @@ def test_no_recycle_while_rss_is_flat(lab):
 
 def test_steady_rss_growth_with_rising_ttft_is_recycled(lab):
     # the stand-in leaks 40 MiB/s (2400 MiB/min, the threshold is 300) and its prefill slows with it
-    ssh(lab, "mkdir -p /etc/systemd/system/vllm.service.d && printf '[Service]\\n"
-             "Environment=GPUFLEET_LAB_VLLM_RSS_GROWTH_MIB_S=40\\n' "
-             "> /etc/systemd/system/vllm.service.d/50-lab-decay.conf && systemctl daemon-reload "
-             "&& systemctl restart vllm.service")
+    ssh(
+        lab,
+        "mkdir -p /etc/systemd/system/vllm.service.d && printf '[Service]\\n"
+        "Environment=GPUFLEET_LAB_VLLM_RSS_GROWTH_MIB_S=40\\n' "
+        "> /etc/systemd/system/vllm.service.d/50-lab-decay.conf && systemctl daemon-reload "
+        "&& systemctl restart vllm.service",
+    )
     assert wait_for(lambda: healthy(lab["url"]), 30)
     leaking = main_pid(lab)
     try:
         with Traffic(lab["url"]):
             status = wait_for(lambda: (lambda s: s if s.get("recycles", 0) >= 1 else None)(agent_status(lab)), 60)
     finally:  # no second recycle while the rest of the module runs
-        ssh(lab, "rm -f /etc/systemd/system/vllm.service.d/50-lab-decay.conf && systemctl daemon-reload "
-                 "&& systemctl stop gpufleet-worker-recycle.timer")
+        ssh(
+            lab,
+            "rm -f /etc/systemd/system/vllm.service.d/50-lab-decay.conf && systemctl daemon-reload "
+            "&& systemctl stop gpufleet-worker-recycle.timer",
+        )
     assert status, ssh(lab, "journalctl -u gpufleet-worker-recycle.service --no-pager | tail -30")
     assert status["recycles"] == 1 and status["last_recycle_kind"] == "fragmentation", status
     journal = ssh(lab, "journalctl -u gpufleet-worker-recycle.service --no-pager -o cat")
-    verdict = re.search(r"^worker-recycle: fragmentation .*recycle=True rss_mib=\S+ rss_slope_mib_per_min=(\S+) "
-                        r"samples=\d+ ttft_p95_rise=(\S+)", journal, re.M)
+    verdict = re.search(
+        r"^worker-recycle: fragmentation .*recycle=True rss_mib=\S+ rss_slope_mib_per_min=(\S+) "
+        r"samples=\d+ ttft_p95_rise=(\S+)",
+        journal,
+        re.M,
+    )
     assert verdict, journal
     assert float(verdict.group(1)) > 300 and float(verdict.group(2)) > 0.25
-    assert lab["relay"].commands == ["set server vllm_pool/node1 state drain",
-                                     "set server vllm_pool/node1 state ready"]
-    order = [journal.index(s) for s in ("worker-recycle: fragmentation", "state drain", "recycle: restarting",
-                                        "state ready", "recycle: done")]
+    assert lab["relay"].commands == [
+        f"set server vllm_pool/{lab['node']} state drain",
+        f"set server vllm_pool/{lab['node']} state ready",
+    ]
+    order = [
+        journal.index(s)
+        for s in ("worker-recycle: fragmentation", "state drain", "recycle: restarting", "state ready", "recycle: done")
+    ]
     assert order == sorted(order), journal
     assert main_pid(lab) not in (0, leaking)
     assert pool_state(lab)[0] == 0  # back in the pool and ready
@@ -294,24 +299,46 @@ def test_controller_driven_cycle(lab, ansible_env):
 
 
 def test_load_test_playbook_against_the_node(lab, ansible_env, tmp_path):
-    proc = playbook(lab, ansible_env, REPO / "playbooks" / "load_test.yml", {
-        "load_test_concurrency": 4, "load_test_duration": 2, "load_test_max_tokens": 8,
-        "load_test_prompt_lengths": [128, 512, 2048], "load_test_max_ttft_p95_seconds": 5,
-        "load_test_output_dir": str(tmp_path)})
+    proc = playbook(
+        lab,
+        ansible_env,
+        REPO / "playbooks" / "load_test.yml",
+        {
+            "load_test_concurrency": 4,
+            "load_test_duration": 2,
+            "load_test_max_tokens": 8,
+            "load_test_prompt_lengths": [128, 512, 2048],
+            "load_test_max_ttft_p95_seconds": 5,
+            "load_test_output_dir": str(tmp_path),
+        },
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
     assert "TTFT p50 / p95 / p99 (ms)" in proc.stdout and "load test of http://" in proc.stdout
-    result = json.loads((tmp_path / "node1.json").read_text())
+    result = json.loads((tmp_path / f"{lab['node']}.json").read_text())
     assert result["passed"] and result["summary"]["errors"] == 0 and result["summary"]["completed"] >= 4
     assert result["server"]["samples"] >= 2
     # through the balancer's frontend too
-    proc = playbook(lab, ansible_env, REPO / "playbooks" / "load_test.yml", {
-        "load_test_via_balancer": True, "load_test_duration": 1, "load_test_concurrency": 2,
-        "load_test_max_tokens": 4, "load_test_prompt_lengths": [128]})
+    proc = playbook(
+        lab,
+        ansible_env,
+        REPO / "playbooks" / "load_test.yml",
+        {
+            "load_test_via_balancer": True,
+            "load_test_duration": 1,
+            "load_test_concurrency": 2,
+            "load_test_max_tokens": 4,
+            "load_test_prompt_lengths": [128],
+        },
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
 
 
 def test_load_test_refuses_a_host_outside_the_inventory(lab, ansible_env):
-    proc = playbook(lab, ansible_env, REPO / "playbooks" / "load_test.yml",
-                    {"load_test_url": "http://10.99.99.99:8000", "load_test_duration": 1})
+    proc = playbook(
+        lab,
+        ansible_env,
+        REPO / "playbooks" / "load_test.yml",
+        {"load_test_url": "http://10.99.99.99:8000", "load_test_duration": 1},
+    )
     assert proc.returncode == 2
     assert "refusing to send load to 10.99.99.99: it is not a host of the inventory" in proc.stdout

@@ -1,11 +1,13 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The lab's refusals: not root, a missing package, a namespace the kernel refuses; the fleet plan."""
+
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,17 +19,49 @@ from lab.preflight import LabError
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_not_root_is_refused_before_anything_is_made(tmp_path):
+def test_not_root_is_refused_before_anything_is_made():
     setpriv = shutil.which("setpriv")
     if os.geteuid() != 0 or not setpriv:
         pytest.skip("needs root and setpriv to drop to an unprivileged user")
-    state = tmp_path / "state"
-    proc = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
-                           sys.executable, "-m", "lab", "up", "--state-dir", str(state)],
-                          cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
-    assert proc.returncode == 1
-    assert "must run as root" in proc.stderr
-    assert not state.exists()
+    # The unprivileged user must be able to read the lab's code and write where the state would
+    # go, wherever the checkout is (a `mktemp -d` clone or one under /root is 0700): the lab
+    # package is copied to a world-readable directory and run from there with the base
+    # interpreter (not the venv's, which may sit in the unreadable checkout).
+    base = Path(tempfile.mkdtemp(prefix="gpufleet-not-root-"))
+    try:
+        base.chmod(0o755)
+        shutil.copytree(REPO / "lab", base / "lab", ignore=shutil.ignore_patterns("__pycache__"))
+        writable = base / "writable"
+        writable.mkdir()
+        writable.chmod(0o777)  # without the root check, `up` could make the state here
+        state = writable / "state"
+        python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        proc = subprocess.run(
+            [
+                setpriv,
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                python,
+                "-m",
+                "lab",
+                "up",
+                "--state-dir",
+                str(state),
+            ],
+            cwd=base,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert "must run as root" in proc.stderr
+        assert not state.exists()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_not_root_message(monkeypatch):
@@ -55,8 +89,10 @@ def test_missing_systemd_names_its_package(monkeypatch):
 def test_a_refused_namespace_is_named(tmp_path):
     fake = tmp_path / "unshare"
     # An unshare whose kernel refuses cgroup namespaces, as util-linux reports it.
-    fake.write_text('#!/bin/sh\nfor a in "$@"; do [ "$a" = --cgroup ] && '
-                    '{ echo "unshare: unshare failed: Operation not permitted" >&2; exit 1; }; done\nexit 0\n')
+    fake.write_text(
+        '#!/bin/sh\nfor a in "$@"; do [ "$a" = --cgroup ] && '
+        '{ echo "unshare: unshare failed: Operation not permitted" >&2; exit 1; }; done\nexit 0\n'
+    )
     fake.chmod(0o755)
     with pytest.raises(LabError, match=r"refuses to create a cgroup namespace .*Operation not permitted"):
         preflight.namespaces(str(fake))
@@ -69,8 +105,12 @@ def test_the_namespaces_this_machine_gives(tmp_path):
 
 
 def test_plan_cycles_the_default_fleet():
-    assert F.plan() == [("node1", "l40s-4x-switch"), ("node2", "l40s-4x-switch"),
-                        ("node3", "h100-sxm-8x"), ("node4", "l40s-x8-degraded")]
+    assert F.plan() == [
+        ("node1", "l40s-4x-switch"),
+        ("node2", "l40s-4x-switch"),
+        ("node3", "h100-sxm-8x"),
+        ("node4", "l40s-x8-degraded"),
+    ]
     six = F.plan(nodes=6)
     assert [p for _, p in six[4:]] == ["l40s-4x-switch", "l40s-4x-switch"]
     assert F.plan(nodes=3, profiles=["h100-sxm-8x"]) == [(f"node{i}", "h100-sxm-8x") for i in (1, 2, 3)]

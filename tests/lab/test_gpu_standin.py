@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The nvidia-smi stand-in prints nvidia-smi's real formats for the lab machine it is given."""
+
 from __future__ import annotations
 
 import subprocess
@@ -25,26 +26,30 @@ def test_topo_matrix_has_the_real_shape(seed):
     code, out, _err = smi.run(["topo", "-m"], seed)
     assert code == 0
     lines = out.splitlines()
-    assert lines[0] == ("\t\x1b[4mGPU0\tGPU1\tGPU2\tGPU3\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID"
-                        "\x1b[0m")
+    assert lines[0] == ("\t\x1b[4mGPU0\tGPU1\tGPU2\tGPU3\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m")
     assert lines[1] == "GPU0\t X \tPIX\tPHB\tPHB\tPIX\t0-31,64-95\t0\t\tN/A"
     assert lines[5] == "NIC0\tPIX\tPIX\tPHB\tPHB\t X "
     assert "\nLegend:\n\n  X    = Self\n" in out and out.endswith("NIC Legend:\n\n  NIC0: mlx5_0\n\n")
     # The same legend text as the real samples.
     real = (DATA / "nccl-tests-307-8x4090-pix" / "topo-m.txt").read_text()
-    assert real[real.index("Legend:"):real.index("NIC Legend:")] == \
-        out[out.index("Legend:"):out.index("NIC Legend:")]
+    assert (
+        real[real.index("Legend:") : real.index("NIC Legend:")] == out[out.index("Legend:") : out.index("NIC Legend:")]
+    )
 
 
 def test_p2p_has_the_real_shape_and_follows_acs(seed):
     _code, out, _err = smi.run(["topo", "-p2p", "r"], seed)
-    assert out.splitlines()[:3] == [" \tGPU0\tGPU1\tGPU2\tGPU3\t", " GPU0\tX\tCNS\tCNS\tCNS\t",
-                                     " GPU1\tCNS\tX\tCNS\tCNS\t"]
+    assert out.splitlines()[:3] == [
+        " \tGPU0\tGPU1\tGPU2\tGPU3\t",
+        " GPU0\tX\tCNS\tCNS\tCNS\t",
+        " GPU1\tCNS\tX\tCNS\tCNS\t",
+    ]
     real = (DATA / "club3090-1133-2x5090-phb-gns" / "p2p-rw.txt").read_text()
-    assert real[real.index("Legend:"):] in out
+    assert real[real.index("Legend:") :] in out
     for bdf in seed.path_bridges(0, 1):
-        subprocess.run(["setpci", "-O", "sysfs.path=%s" % seed.sysfs, "-s", bdf, "ECAP_ACS+0x6.w=0000:002c"],
-                       check=True)
+        subprocess.run(
+            ["setpci", "-O", "sysfs.path=%s" % seed.sysfs, "-s", bdf, "ECAP_ACS+0x6.w=0000:002c"], check=True
+        )
     _code, out, _err = smi.run(["topo", "-p2p", "w"], seed)
     assert _nvsmi.parse_p2p_matrix(out)["GPU0"] == {"GPU0": "X", "GPU1": "OK", "GPU2": "CNS", "GPU3": "CNS"}
     assert _nvsmi.parse_p2p_matrix(smi.run(["topo", "-p2p", "n"], seed)[1])["GPU0"]["GPU1"] == "NS"
@@ -61,20 +66,25 @@ def test_query_forms(seed):
     _code, out, _err = smi.run(args + ["--format=csv"], seed)
     assert out.splitlines()[:2] == [
         "index, name, memory.total [MiB], pcie.link.width.current, pci.bus_id",
-        "0, NVIDIA L40S, 46068 MiB, 16, 00000000:43:00.0"]
+        "0, NVIDIA L40S, 46068 MiB, 16, 00000000:43:00.0",
+    ]
     _code, out, _err = smi.run(args + ["--format=csv,noheader,nounits"], seed)
     assert out.splitlines()[0] == "0, NVIDIA L40S, 46068, 16, 00000000:43:00.0"
     _code, out, _err = smi.run(["--query-gpu", "index,uuid", "--format", "csv,noheader", "-i", "2"], seed)
     assert out == "2, %s\n" % seed.gpus[2].uuid
-    assert smi.run(["--query-gpu=index,bogus", "--format=csv"], seed) == \
-        (2, 'Field "bogus" is not a valid field to query.\n\n', "")
+    assert smi.run(["--query-gpu=index,bogus", "--format=csv"], seed) == (
+        2,
+        'Field "bogus" is not a valid field to query.\n\n',
+        "",
+    )
 
 
 def test_query_width_follows_the_link_status_register(lab_node, monkeypatch):
     monkeypatch.delenv(smi.FAULT_ENV, raising=False)
     node = lab_node("l40s-x8-degraded")
-    _code, out, _err = smi.run(["--query-gpu=index,pcie.link.width.current,pcie.link.width.max",
-                                "--format=csv,noheader,nounits"], node)
+    _code, out, _err = smi.run(
+        ["--query-gpu=index,pcie.link.width.current,pcie.link.width.max", "--format=csv,noheader,nounits"], node
+    )
     assert out.splitlines() == ["0, 16, 16", "1, 16, 16", "2, 8, 16", "3, 16, 16"]
 
 
@@ -84,7 +94,7 @@ def test_list_and_nvlink(lab_node, monkeypatch):
     _code, out, _err = smi.run(["-L"], node)
     assert out.splitlines()[0] == "GPU 0: NVIDIA H100 80GB HBM3 (UUID: %s)" % node.gpus[0].uuid
     _code, out, _err = smi.run(["nvlink", "-s"], node)
-    assert _nvsmi.parse_nvlink_status(out) == dict((i, 18) for i in range(8))
+    assert _nvsmi.parse_nvlink_status(out) == dict.fromkeys(range(8), 18)
     assert out.splitlines()[1] == "\t Link 0: 26.562 GB/s"
 
 
@@ -95,13 +105,20 @@ def test_vfio_gpu_is_not_listed(lab_node, monkeypatch):
     assert out.splitlines() == ["0, 00000000:43:00.0", "1, 00000000:44:00.0", "2, 00000000:48:00.0"]
 
 
-@pytest.mark.parametrize("fault,code,first_line", [
-    ("driver-not-loaded", 9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
-                             "Make sure that the latest NVIDIA driver is installed and running."),
-    ("no-devices", 6, "No devices were found"),
-    ("lost:1", 15, "Unable to determine the device handle for GPU0000:44:00.0: Unknown Error"),
-    ("library-mismatch", 18, "Failed to initialize NVML: Driver/library version mismatch"),
-])
+@pytest.mark.parametrize(
+    "fault,code,first_line",
+    [
+        (
+            "driver-not-loaded",
+            9,
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+            "Make sure that the latest NVIDIA driver is installed and running.",
+        ),
+        ("no-devices", 6, "No devices were found"),
+        ("lost:1", 15, "Unable to determine the device handle for GPU0000:44:00.0: Unknown Error"),
+        ("library-mismatch", 18, "Failed to initialize NVML: Driver/library version mismatch"),
+    ],
+)
 def test_faults_print_the_real_texts(lab_node, monkeypatch, fault, code, first_line):
     node = lab_node("l40s-4x-switch")
     monkeypatch.setenv("GPUFLEET_LAB_ROOT", str(node.root))
@@ -112,6 +129,7 @@ def test_faults_print_the_real_texts(lab_node, monkeypatch, fault, code, first_l
 
 def test_fault_from_the_profile(tmp_path, monkeypatch):
     import lab.hwmodel as hw
+
     monkeypatch.delenv(smi.FAULT_ENV, raising=False)
     node = hw.build("h100-sxm-8x", tmp_path / "m", fault={"gpu": "lost:7"})
     code, out, _err = smi.run(["-L"], node)

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The lab's all_reduce_perf stand-in (lab/standins/all_reduce_perf.py): the real format, flags
 honoured, and a bus bandwidth that follows the machine's profile and CURRENT registers."""
+
 from __future__ import annotations
 
 import os
@@ -30,19 +31,23 @@ def clear_acs(node):
     for i in range(len(node.gpus)):
         for j in range(len(node.gpus)):
             for bdf in node.redirecting_bridges(i, j):
-                subprocess.run(["setpci", "-O", f"sysfs.path={node.sysfs}", "-s", bdf,
-                                "ECAP_ACS+0x6.w=0000:002c"], check=True)
+                subprocess.run(
+                    ["setpci", "-O", f"sysfs.path={node.sysfs}", "-s", bdf, "ECAP_ACS+0x6.w=0000:002c"], check=True
+                )
 
 
 def test_real_format_and_flags(lab_node):
     node = lab_node("l40s-4x-switch")
-    rc, out, parsed = run(node, "-b", "8", "-e", "128M", "-f", "2", "-g", "4", "-n", "5", "-w", "1", "-c", "0",
-                          "-d", "half")
+    rc, out, parsed = run(
+        node, "-b", "8", "-e", "128M", "-f", "2", "-g", "4", "-n", "5", "-w", "1", "-c", "0", "-d", "half"
+    )
     assert rc == 0
     lines = out.splitlines()
     assert lines[0] == "# Collective test starting: all_reduce_perf"
-    assert lines[1] == ("# nThread 1 nGpus 4 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 1 "
-                        "iters: 5 agg iters: 1 validation: 0 graph: 0")
+    assert lines[1] == (
+        "# nThread 1 nGpus 4 minBytes 8 maxBytes 134217728 step: 2(factor) warmup iters: 1 "
+        "iters: 5 agg iters: 1 validation: 0 graph: 0"
+    )
     assert lines[4].startswith("#  Rank  0 Group  0 Pid ") and lines[4].endswith("device  0 [0000:43:00] NVIDIA L40S")
     assert [r["size"] for r in parsed["rows"]] == [8 << k for k in range(25)]
     assert all(r["wrong_oop"] is None and r["type"] == "half" for r in parsed["rows"])

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The hardware model: real pciutils read its trees, stand-ins see the current registers."""
+
 from __future__ import annotations
 
 import re
@@ -14,14 +15,19 @@ pytestmark = pytest.mark.skipif(not shutil.which("lspci"), reason="pciutils is n
 
 
 def lspci(node, *args):
-    out = subprocess.run(["lspci", "-O", f"sysfs.path={node.sysfs}", "-A", "linux-sysfs", *args],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        ["lspci", "-O", f"sysfs.path={node.sysfs}", "-A", "linux-sysfs", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return out.stdout
 
 
 def setpci(node, bdf, reg):
-    return subprocess.run(["setpci", "-O", f"sysfs.path={node.sysfs}", "-s", bdf, reg],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["setpci", "-O", f"sysfs.path={node.sysfs}", "-s", bdf, reg], check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def test_lspci_sees_every_function_with_its_class(lab_node, any_profile):
@@ -53,8 +59,14 @@ def test_topology_classes(lab_node):
     seed = lab_node("l40s-4x-switch")
     assert [seed.link_type(0, j) for j in range(4)] == ["X", "PIX", "PHB", "PHB"]
     assert seed.path_bridges(0, 1) == ["0000:42:00.0", "0000:42:01.0"]
-    assert seed.path_bridges(1, 2) == ["0000:42:01.0", "0000:41:00.0", "0000:40:01.1",
-                                       "0000:40:03.1", "0000:46:00.0", "0000:47:00.0"]
+    assert seed.path_bridges(1, 2) == [
+        "0000:42:01.0",
+        "0000:41:00.0",
+        "0000:40:01.1",
+        "0000:40:03.1",
+        "0000:46:00.0",
+        "0000:47:00.0",
+    ]
     h100 = lab_node("h100-sxm-8x")
     assert h100.link_type(0, 7) == "NV18" and h100.pcie_link_type(0, 7) == "SYS"
     assert h100.pcie_link_type(0, 2) == "NODE"

@@ -1,0 +1,184 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""gpufleet.node.gpu_health_info as Ansible runs it (tests/support.run_module), with backend
+nvidia_smi: a fake nvidia-smi in tmp prints reports made from the real H100 sample (one block per
+GPU of the lab's h100-sxm-8x tree, the bus id and one value changed where a test says so), over the
+lab's sysfs tree."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from tests.support import REPO, VENV_BIN, run_module
+
+DATA = REPO / "tests" / "data"
+H100 = (DATA / "nvidia-smi-q" / "h100-hbm3-535.183.01.txt").read_text()
+HEADER, BLOCK = H100.split("GPU 00000000:53:00.0\n", 1)
+NVLINK_GPU0 = (DATA / "nvidia-smi-q" / "nvlink-s-h100.txt").read_text().split("GPU 1:")[0]
+
+
+def report(bdfs, change=None):
+    """A -q report for ``bdfs``; ``change(index, block) -> block`` alters one GPU's block."""
+    blocks = []
+    for index, bdf in enumerate(bdfs):
+        block = BLOCK.replace("00000000:53:00.0", "0000" + bdf.upper()).replace(
+            "GPU-566e6f65-c38e-b12f-4824-6944218668b9", "GPU-566e6f65-c38e-b12f-4824-69442186680%d" % index
+        )
+        blocks.append("GPU 0000%s\n%s" % (bdf.upper(), change(index, block) if change else block))
+    return HEADER + "".join(blocks)
+
+
+def nvlinks(count, down=None):
+    text = ""
+    for index in range(count):
+        gpu = NVLINK_GPU0.replace("GPU 0:", "GPU %d:" % index)
+        if index == down:
+            gpu = gpu.replace("Link 7: 26.562 GB/s", "Link 7: <inactive>")
+        text += gpu
+    return text
+
+
+@pytest.fixture
+def node(lab_node, tmp_path):
+    machine = lab_node("h100-sxm-8x")
+    bdfs = [gpu.bdf for gpu in machine.gpus]
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "modules").write_text("nvidia_peermem 16384 0 - Live 0x0000000000000000\n")
+    (tmp_path / "module").mkdir()
+    (tmp_path / "kern.log").write_text("[    0.000000] Linux version 6.8.0-49-generic\n")
+
+    def args(q=None, nvlink=None, log=None, **extra):
+        (tmp_path / "q.txt").write_text(q if q is not None else report(bdfs))
+        (tmp_path / "nvlink.txt").write_text(nvlink if nvlink is not None else nvlinks(len(bdfs)))
+        if log is not None:
+            (tmp_path / "kern.log").write_text(log)
+        binary = tmp_path / "nvidia-smi"
+        binary.write_text(
+            '#!/bin/sh\necho "$@" >> %s/argv\ncase "$1" in\n  -q) cat %s/q.txt ;;\n'
+            "  nvlink) cat %s/nvlink.txt ;;\n  *) exit 2 ;;\nesac\n" % (tmp_path, tmp_path, tmp_path)
+        )
+        binary.chmod(0o755)
+        base = {
+            "backend": "nvidia_smi",
+            "nvidia_smi_path": str(binary),
+            "sysfs_path": str(machine.sysfs),
+            "kernel_log_path": str(tmp_path / "kern.log"),
+            "proc_path": str(tmp_path / "proc"),
+            "sys_module_path": str(tmp_path / "module"),
+            "fabric_manager_state": "active",
+            "expect_gpu_count": 8,
+        }
+        base.update(extra)
+        return base
+
+    args.machine = machine
+    args.bdfs = bdfs
+    args.tmp = tmp_path
+    return args
+
+
+def statuses(result):
+    return {c["name"]: c["status"] for c in result["gpu_health"]["checks"]}
+
+
+def test_healthy_node_passes_every_check(node):
+    result = run_module("gpu_health_info", node())
+    assert not result.get("failed"), result
+    health = result["gpu_health"]
+    assert result["changed"] is False and result["backend"] == "nvidia_smi"
+    assert set(statuses(result).values()) == {"pass"} and health["passed"] is True
+    assert [g["bus_id"] for g in health["gpus"]] == node.bdfs
+    assert all(
+        len(g["nvlinks"]) == 18 and g["fabric"] == {"state": "completed", "status": "success"} for g in health["gpus"]
+    )
+    assert (node.tmp / "argv").read_text().splitlines() == ["-q", "nvlink -s"]
+    assert health["pci_tree"]["nics_on_gpu_paths"] and health["kernel_log"]["source"] == str(node.tmp / "kern.log")
+    checked = run_module("gpu_health_info", node(), check_mode=True)
+    assert checked["gpu_health"] == health
+
+
+def test_faults_fail_their_checks(node):
+    def remap_pending(index, block):
+        return (
+            block.replace(
+                "        Pending                           : No\n        Remapping",
+                "        Pending                           : Yes\n        Remapping",
+            )
+            if index == 3
+            else block
+        )
+
+    log = (
+        "Jun 21 02:10:01 hgx kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, "
+        "GPU has fallen off the bus.\n"
+    )
+    result = run_module(
+        "gpu_health_info",
+        node(q=report(node.bdfs, remap_pending), nvlink=nvlinks(8, down=2), log=log, fabric_manager_state="inactive"),
+    )
+    got = statuses(result)
+    assert got["row_remap"] == got["xid"] == got["nvlink"] == got["fabric_manager"] == "fail"
+    assert result["gpu_health"]["passed"] is False
+    checks = {c["name"]: c for c in result["gpu_health"]["checks"]}
+    assert checks["row_remap"]["gpus"] == [node.bdfs[3]] and checks["row_remap"]["action"] == "reset the GPU"
+    assert checks["xid"]["gpus"] == ["0000:3b:00.0"] and checks["xid"]["action"] == "reboot"
+    assert checks["nvlink"]["gpus"] == [node.bdfs[2]]
+    assert result["gpu_health"]["xid_events"] == [
+        {"bdf": "0000:3b:00", "code": 79, "pid": None, "message": "name=<unknown>, GPU has fallen off the bus."}
+    ]
+
+
+def test_aer_on_a_bridge_of_a_gpu_path_fails(node):
+    args = node()
+    gpu = node.machine.sysfs / "devices" / node.bdfs[0]
+    bridge = gpu.resolve().parent
+    (bridge / "aer_dev_nonfatal").write_text(
+        "Undefined 0\nDLP 0\nSDES 0\nTLP 0\nFCP 0\nCmpltTO 1\n"
+        "CmpltAbrt 0\nUnxCmplt 0\nRxOF 0\nMalfTLP 0\nECRC 0\nUnsupReq 0\n"
+        "ACSViol 0\nTOTAL_ERR_NONFATAL 1\n"
+    )
+    result = run_module("gpu_health_info", args)
+    check = [c for c in result["gpu_health"]["checks"] if c["name"] == "pcie_aer"][0]
+    assert check["status"] == "fail" and bridge.name in check["reason"] and check["gpus"] == [node.bdfs[0]]
+
+
+def test_peermem_missing_warns_persistence_off_and_count_fail(node):
+    (node.tmp / "proc" / "modules").write_text("nvidia 1 0 - Live 0x0\n")
+    report_off = report(
+        node.bdfs[:7],
+        lambda i, b: b.replace(
+            "Persistence Mode                      : Enabled", "Persistence Mode                      : Disabled"
+        ),
+    )
+    result = run_module("gpu_health_info", node(q=report_off, nvlink=nvlinks(7)))
+    got = statuses(result)
+    assert got["peermem"] == "warn" and got["persistence_mode"] == "fail" and got["gpu_count"] == "fail"
+    count = [c for c in result["gpu_health"]["checks"] if c["name"] == "gpu_count"][0]
+    assert count["gpus"] == [node.bdfs[7]]
+
+
+def test_nvidia_smi_failure_text_fails_the_task(node, tmp_path):
+    binary = tmp_path / "broken-smi"
+    binary.write_text(
+        "#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA "
+        'driver. Make sure that the latest NVIDIA driver is installed and running."\nexit 9\n'
+    )
+    binary.chmod(0o755)
+    result = run_module("gpu_health_info", node(nvidia_smi_path=str(binary)))
+    assert result["failed"] and result["cause"] == "driver_not_loaded"
+
+
+def test_ansible_doc_renders():
+    doc = shutil.which("ansible-doc", path=str(VENV_BIN))
+    proc = subprocess.run(
+        [doc, "-M", str(REPO / "plugins" / "modules"), "gpu_health_info"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env={"ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "PATH": str(VENV_BIN) + ":/usr/bin:/bin"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "fabric_manager_state" in proc.stdout and "DCGM_LIMIT_MAX_RETIRED_PAGES" in proc.stdout

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """`python -m lab <verb>`: bring the simulated fleet up, look at it, reboot nodes, take it down."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,10 +19,15 @@ def parser():
     p = argparse.ArgumentParser(
         prog="python -m lab",
         description="The gpufleet lab: simulated GPU nodes (systemd, sshd, a sysfs PCI tree and "
-                    "stand-ins per node) and a real HAProxy, for the playbooks to run against.")
+        "stand-ins per node) and a real HAProxy, for the playbooks to run against.",
+    )
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--state-dir", metavar="DIR", default=argparse.SUPPRESS,
-                        help=f"where the lab keeps everything (default ${STATE_ENV} or <repo>/.lab-state)")
+    common.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help=f"where the lab keeps everything (default ${STATE_ENV} or <repo>/.lab-state)",
+    )
     p.add_argument("--state-dir", metavar="DIR", default=None, help=argparse.SUPPRESS)
     real_sub = p.add_subparsers(dest="verb", required=True, metavar="VERB")
 
@@ -32,16 +38,35 @@ def parser():
 
     sub = _Sub()
     up = sub.add_parser("up", help="bring the fleet and the balancer up, write the inventory")
-    up.add_argument("--nodes", type=int, metavar="N",
-                    help="how many nodes (cycling the profile list; default: one per profile)")
-    up.add_argument("--profiles", type=_profiles, metavar="P1,P2,...",
-                    help=f"node profiles (default {','.join(DEFAULT_PROFILES)})")
+    up.add_argument(
+        "--nodes", type=int, metavar="N", help="how many nodes (cycling the profile list; default: one per profile)"
+    )
+    up.add_argument(
+        "--profiles", type=_profiles, metavar="P1,P2,...", help=f"node profiles (default {','.join(DEFAULT_PROFILES)})"
+    )
     up.add_argument("--inventory", metavar="FILE", help="write the inventory here instead")
-    up.add_argument("--timeout", type=float, default=BOOT_TIMEOUT,
-                    help="seconds to wait for the nodes to finish booting")
+    up.add_argument(
+        "--timeout", type=float, default=BOOT_TIMEOUT, help="seconds to wait for the nodes to finish booting"
+    )
     sub.add_parser("down", help="stop everything and remove what `up` made")
     rb = sub.add_parser("reboot", help="power-cycle a node: firmware defaults, empty /run, boot")
     rb.add_argument("node")
+    ft = sub.add_parser("fault", help="inject a GPU health fault into a node's hardware (at once), or `clear` them all")
+    ft.add_argument("node")
+    ft.add_argument(
+        "kind",
+        metavar="KIND",
+        help="xid CODE, sxid CODE, remap-pending, ecc-uncorrectable, "
+        "fabric-manager-stop, nvlink-down, hw-slowdown, link-degrade, aer, peermem-unload, clear",
+    )
+    ft.add_argument("code", nargs="?", type=int, help="the Xid or SXid code (xid and sxid only)")
+    ft.add_argument(
+        "--gpu",
+        type=int,
+        default=0,
+        metavar="N",
+        help="model GPU index (default 0); for sxid, N picks the NVSwitch (N modulo 4)",
+    )
     st = sub.add_parser("stop", help="power a node off (until `start`)")
     st.add_argument("node")
     sa = sub.add_parser("start", help="power a stopped node on")
@@ -50,10 +75,14 @@ def parser():
     bal.add_argument("action", choices=("stop", "start", "restart"))
     status = sub.add_parser("status", help="nodes and balancer")
     status.add_argument("--json", action="store_true", help="machine-readable")
-    inv = sub.add_parser("inventory", help=f"write the Ansible inventory ({DEFAULT_INVENTORY.relative_to(DEFAULT_INVENTORY.parents[2])})")
+    inv = sub.add_parser(
+        "inventory", help=f"write the Ansible inventory ({DEFAULT_INVENTORY.relative_to(DEFAULT_INVENTORY.parents[2])})"
+    )
     inv.add_argument("--output", metavar="FILE", help="write it here instead")
-    rep = sub.add_parser("report", help="per node: gate verdict and pool membership against what a correct "
-                                    "run must leave; exit 1 on any mismatch")
+    rep = sub.add_parser(
+        "report",
+        help="per node: gate verdict and pool membership against what a correct run must leave; exit 1 on any mismatch",
+    )
     rep.add_argument("--json", action="store_true", help="machine-readable")
     return p
 
@@ -65,11 +94,15 @@ def _print_status(st):
     print(f"lab at {st['state_dir']} (subnet {st['subnet']})")
     print(f"  {'NODE':<8} {'ADDRESS':<15} {'PROFILE':<18} {'STATE':<12} REGISTER")
     for n in st["nodes"]:
-        print(f"  {n['name']:<8} {n['address']:<15} {n['profile']:<18} {n['state']:<12} "
-              f"{'yes' if n['expect_registered'] else 'no (must stay out)'}")
+        print(
+            f"  {n['name']:<8} {n['address']:<15} {n['profile']:<18} {n['state']:<12} "
+            f"{'yes' if n['expect_registered'] else 'no (must stay out)'}"
+        )
     b = st["balancer"]
-    print(f"  balancer: HAProxy {b['state']}, frontend {b['frontend']}, backend {b['backend']}, "
-          f"runtime socket {b['runtime_socket']}")
+    print(
+        f"  balancer: HAProxy {b['state']}, frontend {b['frontend']}, backend {b['backend']}, "
+        f"runtime socket {b['runtime_socket']}"
+    )
 
 
 def main(argv=None):
@@ -77,12 +110,15 @@ def main(argv=None):
     fleet = Fleet(args.state_dir)
     try:
         if args.verb == "up":
-            fleet.up(nodes=args.nodes, profiles=args.profiles, inventory=args.inventory,
-                     timeout=args.timeout)
+            fleet.up(nodes=args.nodes, profiles=args.profiles, inventory=args.inventory, timeout=args.timeout)
         elif args.verb == "down":
             fleet.down()
         elif args.verb == "reboot":
             fleet.reboot(args.node)
+        elif args.verb == "fault":
+            from . import faults
+
+            faults.inject(fleet, args.node, args.kind, args.code, args.gpu)
         elif args.verb == "stop":
             fleet.stop_node(args.node)
         elif args.verb == "start":
@@ -100,6 +136,7 @@ def main(argv=None):
             print(fleet.write_inventory(args.output))
         elif args.verb == "report":
             from . import report
+
             rows, pool_error = report.gather(fleet)
             if args.json:
                 json.dump({"nodes": rows, "balancer_error": pool_error}, sys.stdout, indent=1)

@@ -14,6 +14,7 @@ namespaces and mounts (gone when a node's PID 1 dies), one veth per node on the 
     <state>/haproxy.*       the balancer's config, PID file and admin socket
     <state>/nodes/<name>/   one node (see lab.machine)
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -32,7 +33,7 @@ import lab.hwmodel as hw
 
 from . import preflight
 from .balancer import Balancer
-from .machine import HW_IN_NODE, SSH_PORT, Machine, remove_cgroup
+from .machine import HW_IN_NODE, SSH_PORT, Machine, cgroup_pids, remove_cgroup
 from .preflight import LabError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,6 +46,18 @@ NETWORK = ipaddress.ip_network("10.213.0.0/16")  # one /24 per lab, one /30 per 
 BOOT_TIMEOUT = 300.0
 # What `up` makes in the state directory; `down` removes exactly these (and keeps `lock`).
 MADE = ("lab.json", "lab.tmp", "ssh", "nodes", "haproxy.cfg", "haproxy.pid", "haproxy.sock", "hosts.yml")
+
+
+def _describe_pids(pids, limit=8):
+    """'PID (comm), ...' for an error message."""
+    named = []
+    for pid in pids[:limit]:
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            comm = "gone"
+        named.append(f"{pid} ({comm})")
+    return ", ".join(named) + (f" and {len(pids) - limit} more" if len(pids) > limit else "")
 
 
 def state_dir(path=None):
@@ -124,8 +137,10 @@ class Fleet:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
-                raise LabError(f"another lab command is running on {self.state} ({holder or 'busy'}); "
-                               f"wait for it to finish, then run `lab {verb}` again") from None
+                raise LabError(
+                    f"another lab command is running on {self.state} ({holder or 'busy'}); "
+                    f"wait for it to finish, then run `lab {verb}` again"
+                ) from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"lab {verb}, PID {os.getpid()}\n".encode(), 0)
             yield
@@ -149,8 +164,9 @@ class Fleet:
         return alive
 
     def _subnet(self):
-        used = subprocess.run([self.progs["ip"], "-4", "-o", "addr", "show"], capture_output=True,
-                              text=True, check=True).stdout
+        used = subprocess.run(
+            [self.progs["ip"], "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True
+        ).stdout
         taken = set()
         for line in used.splitlines():
             addr = ipaddress.ip_interface(line.split()[3])
@@ -167,10 +183,17 @@ class Fleet:
     def _node_spec(self, index, name, profile, subnet):
         link = list(subnet.subnets(new_prefix=30))[index]
         gateway, address = list(link.hosts())
-        return {"name": name, "profile": profile, "index": index,
-                "address": str(address), "gateway": str(gateway), "prefix": 30,
-                "ssh_port": SSH_PORT, "veth": f"glab-{self.tag[:4]}-{index + 1}",
-                "expect_registered": bool(hw.PROFILES[profile].get("expect_registered", True))}
+        return {
+            "name": name,
+            "profile": profile,
+            "index": index,
+            "address": str(address),
+            "gateway": str(gateway),
+            "prefix": 30,
+            "ssh_port": SSH_PORT,
+            "veth": f"glab-{self.tag[:4]}-{index + 1}",
+            "expect_registered": bool(hw.PROFILES[profile].get("expect_registered", True)),
+        }
 
     # --- verbs ----------------------------------------------------------------------------------
     def up(self, nodes=None, profiles=None, inventory=None, timeout=BOOT_TIMEOUT, log=print):
@@ -180,22 +203,42 @@ class Fleet:
         with self.locked("up"):
             alive = self.running()
             if alive:
-                raise LabError(f"a lab is already running from {self.state} ({', '.join(alive)}); "
-                               "use it, or run `python -m lab down` first")
+                raise LabError(
+                    f"a lab is already running from {self.state} ({', '.join(alive)}); "
+                    "use it, or run `python -m lab down` first"
+                )
             if self.data():
                 self._teardown(quiet=True)
             t0 = time.monotonic()
             self._wipe()
             (self.state / "ssh").mkdir(parents=True, mode=0o700)
-            subprocess.run([self.progs["ssh-keygen"], "-q", "-t", "ed25519", "-N", "", "-C",
-                            f"gpufleet-lab@{self.tag}", "-f", str(self.key)], check=True,
-                           capture_output=True)
+            subprocess.run(
+                [
+                    self.progs["ssh-keygen"],
+                    "-q",
+                    "-t",
+                    "ed25519",
+                    "-N",
+                    "",
+                    "-C",
+                    f"gpufleet-lab@{self.tag}",
+                    "-f",
+                    str(self.key),
+                ],
+                check=True,
+                capture_output=True,
+            )
             subnet = self._subnet()
-            data = {"tag": self.tag, "state": str(self.state), "subnet": str(subnet),
-                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "ssh_key": str(self.key), "hw_in_node": HW_IN_NODE,
-                    "nodes": [self._node_spec(i, n, p, subnet) for i, (n, p) in enumerate(wanted)],
-                    "balancer": Balancer.describe(self.state)}
+            data = {
+                "tag": self.tag,
+                "state": str(self.state),
+                "subnet": str(subnet),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "ssh_key": str(self.key),
+                "hw_in_node": HW_IN_NODE,
+                "nodes": [self._node_spec(i, n, p, subnet) for i, (n, p) in enumerate(wanted)],
+                "balancer": Balancer.describe(self.state),
+            }
             self._save(data)
             try:
                 bal = self.balancer(data)
@@ -246,7 +289,17 @@ class Fleet:
             cgroup = None
         # Anything left in the lab's cgroups (a node or HAProxy whose records were lost) dies here.
         if cgroup and not remove_cgroup(cgroup) and not quiet:
-            raise LabError(f"could not remove the lab's cgroup {cgroup}: processes remain in it")
+            left = cgroup_pids(cgroup)
+            raise LabError(
+                f"could not remove the lab's cgroup {cgroup}: "
+                + (
+                    f"processes remain in it after SIGKILL ({_describe_pids(left)}); "
+                    if left
+                    else "the kernel still counts it busy; "
+                )
+                + "run `python -m lab down` again, or look at them with "
+                f"`systemd-cgls {cgroup}`"
+            )
         if not keep_files:
             self._remove_inventory(DEFAULT_INVENTORY)
             self._remove_inventory(self.state / "hosts.yml")
@@ -278,8 +331,7 @@ class Fleet:
             m.power_cycle_firmware()
             m.start()
             m.wait_ready(time.monotonic() + timeout)
-            log(f"lab reboot: {name} is back in {time.monotonic() - t0:.1f} s "
-                f"(boot_id {old} -> {m.boot_id()})")
+            log(f"lab reboot: {name} is back in {time.monotonic() - t0:.1f} s (boot_id {old} -> {m.boot_id()})")
 
     def stop_node(self, name, log=print):
         """Power a node off (unreachable until `start`): for tests of a node lost mid-play."""
@@ -319,24 +371,39 @@ class Fleet:
         for m in self.machines(data):
             spec = m.spec
             state = m.state()
-            nodes.append({
-                "name": spec["name"], "address": spec["address"], "ssh_port": spec["ssh_port"],
-                "profile": spec["profile"], "state": state,
-                "expect_registered": spec["expect_registered"],
-                "boot_id": m.boot_id() if m.hw_dir.exists() else None,
-                "pid": m.pid(), "hw_root": str(m.hw_dir), "hw_root_in_node": HW_IN_NODE,
-                "console_log": str(m.console),
-            })
+            nodes.append(
+                {
+                    "name": spec["name"],
+                    "address": spec["address"],
+                    "ssh_port": spec["ssh_port"],
+                    "profile": spec["profile"],
+                    "state": state,
+                    "expect_registered": spec["expect_registered"],
+                    "boot_id": m.boot_id() if m.hw_dir.exists() else None,
+                    "pid": m.pid(),
+                    "hw_root": str(m.hw_dir),
+                    "hw_root_in_node": HW_IN_NODE,
+                    "console_log": str(m.console),
+                }
+            )
         bal = self.balancer(data)
         b = bal.spec
         return {
-            "state_dir": str(self.state), "up": any(n["pid"] for n in nodes),
-            "ssh_key": data["ssh_key"], "subnet": data["subnet"], "nodes": nodes,
-            "balancer": {"runtime_socket": b["socket"], "backend": b["backend"],
-                         "config": b["config"], "pidfile": b["pidfile"],
-                         "frontend": f"{b['address']}:{b['frontend_port']}",
-                         "stats": f"http://{b['address']}:{b['stats_port']}/",
-                         "state": bal.state(), "pid": bal.pid()},
+            "state_dir": str(self.state),
+            "up": any(n["pid"] for n in nodes),
+            "ssh_key": data["ssh_key"],
+            "subnet": data["subnet"],
+            "nodes": nodes,
+            "balancer": {
+                "runtime_socket": b["socket"],
+                "backend": b["backend"],
+                "config": b["config"],
+                "pidfile": b["pidfile"],
+                "frontend": f"{b['address']}:{b['frontend_port']}",
+                "stats": f"http://{b['address']}:{b['stats_port']}/",
+                "state": bal.state(),
+                "pid": bal.pid(),
+            },
         }
 
     # --- inventory ------------------------------------------------------------------------------
@@ -354,56 +421,68 @@ class Fleet:
                 "lab_expect_registered": spec["expect_registered"],
                 "lab_hw_root": str(self.state / "nodes" / spec["name"] / "hw"),
             }
-        return {"all": {"children": {
-            "gpu_nodes": {
-                "hosts": hosts,
-                "vars": {
-                    "ansible_user": "root",
-                    "ansible_ssh_private_key_file": data["ssh_key"],
-                    "ansible_ssh_common_args": "-o StrictHostKeyChecking=no "
-                                               "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
-                    "ansible_python_interpreter": "/usr/bin/python3",
-                    "gpufleet_lab": True,
-                    "gpufleet_lab_root": HW_IN_NODE,
-                    "gpufleet_sysfs_path": f"{HW_IN_NODE}/sys/bus/pci",
-                    "gpufleet_sysfs_root": f"{HW_IN_NODE}/sys",
-                    "gpufleet_proc_root": f"{HW_IN_NODE}/proc",
-                    # vLLM: the lab's stand-in, run natively (no Docker engine in the lab).
-                    "vllm_server_runtime": "native",
-                    "vllm_server_vllm_bin": "/usr/local/bin/vllm",
-                    "vllm_server_model": "Llama-3.3-70B-Instruct-FP8",
-                    "vllm_server_health_delay": 1,
-                    # Boot validation runs the controller's ansible-playbook and this checkout's
-                    # collection inside the node (its root is an overlay of the host's).
-                    "boot_validation_ansible_playbook": str(Path(sys.executable).parent / "ansible-playbook"),
-                    "boot_validation_collections_path": str(REPO / ".collections"),
-                    # The registration role talks to the lab's HAProxy (on the controller).
-                    "lb_registration_balancer": "lab-balancer",
-                    "lb_registration_socket": b["socket"],
-                    "lb_registration_backend": b["backend"],
-                    "lb_registration_config_file": b["config"],
-                },
-            },
-            "balancer": {
-                "hosts": {"lab-balancer": {
-                    "ansible_connection": "local",
-                    "ansible_python_interpreter": "{{ ansible_playbook_python }}",
-                    "lab_haproxy_socket": b["socket"],
-                    "lab_haproxy_backend": b["backend"],
-                    "lab_haproxy_config": b["config"],
-                    "lab_haproxy_pidfile": b["pidfile"],
-                    "lab_haproxy_frontend": f"{b['address']}:{b['frontend_port']}",
-                }},
-            },
-        }}}
+        return {
+            "all": {
+                "children": {
+                    "gpu_nodes": {
+                        "hosts": hosts,
+                        "vars": {
+                            "ansible_user": "root",
+                            "ansible_ssh_private_key_file": data["ssh_key"],
+                            "ansible_ssh_common_args": "-o StrictHostKeyChecking=no "
+                            "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
+                            "ansible_python_interpreter": "/usr/bin/python3",
+                            "gpufleet_lab": True,
+                            "gpufleet_lab_root": HW_IN_NODE,
+                            "gpufleet_sysfs_path": f"{HW_IN_NODE}/sys/bus/pci",
+                            "gpufleet_sysfs_root": f"{HW_IN_NODE}/sys",
+                            "gpufleet_proc_root": f"{HW_IN_NODE}/proc",
+                            # GPU health: this boot's kernel log and the kernel's module list, simulated
+                            # by the hardware model (lab/hwmodel/health.py).
+                            "gpufleet_kernel_log_path": f"{HW_IN_NODE}/kmsg.log",
+                            "gpufleet_sys_module_path": f"{HW_IN_NODE}/sys/module",
+                            # vLLM: the lab's stand-in, run natively (no Docker engine in the lab).
+                            "vllm_server_runtime": "native",
+                            "vllm_server_vllm_bin": "/usr/local/bin/vllm",
+                            "vllm_server_model": "Llama-3.3-70B-Instruct-FP8",
+                            "vllm_server_health_delay": 1,
+                            # Boot validation runs the controller's ansible-playbook and this checkout's
+                            # collection inside the node (its root is an overlay of the host's).
+                            "boot_validation_ansible_playbook": str(Path(sys.executable).parent / "ansible-playbook"),
+                            "boot_validation_collections_path": str(REPO / ".collections"),
+                            # The registration role talks to the lab's HAProxy (on the controller).
+                            "lb_registration_balancer": "lab-balancer",
+                            "lb_registration_socket": b["socket"],
+                            "lb_registration_backend": b["backend"],
+                            "lb_registration_config_file": b["config"],
+                        },
+                    },
+                    "balancer": {
+                        "hosts": {
+                            "lab-balancer": {
+                                "ansible_connection": "local",
+                                "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                                "lab_haproxy_socket": b["socket"],
+                                "lab_haproxy_backend": b["backend"],
+                                "lab_haproxy_config": b["config"],
+                                "lab_haproxy_pidfile": b["pidfile"],
+                                "lab_haproxy_frontend": f"{b['address']}:{b['frontend_port']}",
+                            }
+                        },
+                    },
+                }
+            }
+        }
 
     def write_inventory(self, path=None, repo=True):
         """Write the inventory to path, else <state>/hosts.yml and (repo) inventories/lab/hosts.yml."""
         import yaml  # the controller's environment has it (ansible-core depends on it)
 
         inv = self.inventory()
-        header = (f"# Generated by `python -m lab inventory` for the lab at {self.state}.\n"
-                  "# Do not edit: `lab up` rewrites it, `lab down` removes it.\n")
+        header = (
+            f"# Generated by `python -m lab inventory` for the lab at {self.state}.\n"
+            "# Do not edit: `lab up` rewrites it, `lab down` removes it.\n"
+        )
         text = header + yaml.safe_dump(inv, sort_keys=False, default_flow_style=False)
         targets = [Path(path)] if path else [self.state / "hosts.yml"]
         if not path and repo:

@@ -8,14 +8,16 @@ measurement), how each link trained.  This reader is deliberately independent of
 collection's own decoder (plugins/module_utils/_pci.py): the lab must not share the bugs of the
 code it tests.  It knows where it put each register, because it put them there.
 """
+
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
 
+from . import health as H
 from . import tree as B
-from .profiles import CMPLT_REDIR, EGRESS_CTRL, REQ_REDIR
+from .profiles import CMPLT_REDIR, DRIVER_VERSION, EGRESS_CTRL, REQ_REDIR
 
 REDIRECT_BITS = REQ_REDIR | CMPLT_REDIR | EGRESS_CTRL
 ROOT_ENV = "GPUFLEET_LAB_ROOT"
@@ -163,8 +165,7 @@ class Node:
     # --- live state (from the current registers) ------------------------------------------------
     def redirecting_bridges(self, i, j):
         """Bridges between GPU i and j whose ACS Control redirects peer traffic right now."""
-        return [b for b in self.path_bridges(i, j)
-                if (self.devices[b].acs_ctl or 0) & REDIRECT_BITS]
+        return [b for b in self.path_bridges(i, j) if (self.devices[b].acs_ctl or 0) & REDIRECT_BITS]
 
     def redirected(self, i, j):
         return bool(self.redirecting_bridges(i, j))
@@ -189,7 +190,56 @@ class Node:
             return "NS"
         return "OK"
 
+    # --- GPU health (lab/hwmodel/health.py; read afresh on every call) -------------------------
+    @property
+    def driver_version(self):
+        return self.data.get("driver_version", DRIVER_VERSION)
+
+    @property
+    def health(self):
+        """The machine's health state now (health.json): faults take effect at once."""
+        return H.load(self.root, self.data)
+
+    def gpu_health(self, i, state=None):
+        """Health record of model GPU i (ecc, remapped_rows, hw_slowdown, nvlinks_down...)."""
+        state = state or self.health
+        return state["gpus"].get(str(i)) or H.default_gpu()
+
+    def nvlink_active(self, i, link, state=None):
+        return 0 <= link < self._gpu(i).nvlinks and link not in self.gpu_health(i, state)["nvlinks_down"]
+
+    def nvlinks_active(self, i, state=None):
+        """How many of GPU i's NVLinks are up right now."""
+        return self._gpu(i).nvlinks - len(self.gpu_health(i, state)["nvlinks_down"])
+
+    @property
+    def nvswitch_bdfs(self):
+        return list((self.data.get("nvswitch") or {}).get("bdfs", []))
+
+    def fabric_manager_active(self, state=None):
+        """None on a machine without NVSwitches, else whether nvidia-fabricmanager runs."""
+        fm = (state or self.health)["fabric_manager"]
+        return None if not fm else bool(fm["active"])
+
+    def set_fabric_manager(self, active):
+        """The fabric manager (re)started or stopped (its lab stand-in calls this)."""
+        state = self.health
+        if state["fabric_manager"]:
+            state["fabric_manager"]["active"] = bool(active)
+            H.save(self.root, state)
+
+    @property
+    def kernel_log(self):
+        return H.kmsg_path(self.root)
+
+    def inject(self, kind, gpu=0, code=None):
+        """Inject one health fault (see health.KINDS); returns what it did, in words."""
+        return H.inject(self.root, self.data, kind, gpu, code)
+
     # --- lifecycle ------------------------------------------------------------------------------
     def reset_firmware(self):
-        """Power cycle: every register back to what firmware and the kernel leave at boot."""
+        """Power cycle: every register back to what firmware and the kernel leave at boot, and
+        the health state through a reboot (a new kernel log, a pending remap applied, volatile
+        ECC counts reset; faults of the hardware itself stay)."""
         B.write_config_spaces(self.root, self.data)
+        H.reboot(self.root, self.data, self.driver_version)

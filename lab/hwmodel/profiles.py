@@ -9,33 +9,77 @@ space; `node.py` answers questions about it from the CURRENT registers.
 
 Device ids are real (pci.ids), so the real `lspci` names what it decodes.
 """
+
 from __future__ import annotations
 
 import copy
 
 # ACS Capability/Control bits (PCIe base spec 7.7.8; lspci names).
 SRC_VALID, TRANS_BLK, REQ_REDIR, CMPLT_REDIR, UPSTREAM_FWD, EGRESS_CTRL, DIRECT_TRANS = (
-    0x01, 0x02, 0x04, 0x08, 0x10, 0x20, 0x40)
+    0x01,
+    0x02,
+    0x04,
+    0x08,
+    0x10,
+    0x20,
+    0x40,
+)
 #: What Linux's pci_std_enable_acs() sets when an IOMMU is in use (and what AMD root ports showed
 #: in NVIDIA/nccl issue 2079): SrcValid, ReqRedir, CmpltRedir, UpstreamFwd.
 KERNEL_ACS_CTL = SRC_VALID | REQ_REDIR | CMPLT_REDIR | UPSTREAM_FWD  # 0x001d
 PLX_ACS_CAP = SRC_VALID | TRANS_BLK | REQ_REDIR | CMPLT_REDIR | UPSTREAM_FWD | DIRECT_TRANS  # 0x5f
 AMD_RP_ACS_CAP = SRC_VALID | TRANS_BLK | REQ_REDIR | CMPLT_REDIR | UPSTREAM_FWD  # 0x1f
 
+#: The driver the lab's machines run (nvidia-smi, NVML and the kernel log say so).
+DRIVER_VERSION = "570.133.20"
+
 GPU_MODELS = {
-    "L40S": {"name": "NVIDIA L40S", "device_id": 0x26B9, "class": 0x030200,
-             "memory_total_mib": 46068, "gen_max": 4, "width_max": 16, "nvlinks": 0},
-    "H100-SXM": {"name": "NVIDIA H100 80GB HBM3", "device_id": 0x2330, "class": 0x030200,
-                 "memory_total_mib": 81559, "gen_max": 5, "width_max": 16, "nvlinks": 18},
-    "A100-PCIE": {"name": "NVIDIA A100 80GB PCIe", "device_id": 0x20B5, "class": 0x030200,
-                  "memory_total_mib": 81920, "gen_max": 4, "width_max": 16, "nvlinks": 0},
+    "L40S": {
+        "name": "NVIDIA L40S",
+        "device_id": 0x26B9,
+        "class": 0x030200,
+        "memory_total_mib": 46068,
+        "gen_max": 4,
+        "width_max": 16,
+        "nvlinks": 0,
+    },
+    "H100-SXM": {
+        "name": "NVIDIA H100 80GB HBM3",
+        "device_id": 0x2330,
+        "class": 0x030200,
+        "memory_total_mib": 81559,
+        "gen_max": 5,
+        "width_max": 16,
+        "nvlinks": 18,
+    },
+    "A100-PCIE": {
+        "name": "NVIDIA A100 80GB PCIe",
+        "device_id": 0x20B5,
+        "class": 0x030200,
+        "memory_total_mib": 81920,
+        "gen_max": 4,
+        "width_max": 16,
+        "nvlinks": 0,
+    },
 }
 
 NIC_MODELS = {
-    "CX6": {"name": "Mellanox Technologies MT28908 Family [ConnectX-6]", "vendor_id": 0x15B3,
-            "device_id": 0x101B, "class": 0x020700, "gen_max": 4, "width_max": 16},
-    "CX7": {"name": "Mellanox Technologies MT2910 Family [ConnectX-7]", "vendor_id": 0x15B3,
-            "device_id": 0x1021, "class": 0x020700, "gen_max": 5, "width_max": 16},
+    "CX6": {
+        "name": "Mellanox Technologies MT28908 Family [ConnectX-6]",
+        "vendor_id": 0x15B3,
+        "device_id": 0x101B,
+        "class": 0x020700,
+        "gen_max": 4,
+        "width_max": 16,
+    },
+    "CX7": {
+        "name": "Mellanox Technologies MT2910 Family [ConnectX-7]",
+        "vendor_id": 0x15B3,
+        "device_id": 0x1021,
+        "class": 0x020700,
+        "gen_max": 5,
+        "width_max": 16,
+    },
 }
 
 BRIDGE_MODELS = {
@@ -63,8 +107,7 @@ def switch(model, downstream, dsp_acs_ctl=KERNEL_ACS_CTL):
 
 
 def root_port(model, child, acs_ctl=0x0000, dev=1, fn=1):
-    return {"kind": "root_port", "model": model, "acs_ctl": acs_ctl, "dev": dev, "fn": fn,
-            "child": child}
+    return {"kind": "root_port", "model": model, "acs_ctl": acs_ctl, "dev": dev, "fn": fn, "child": child}
 
 
 def _seed000(**changes):
@@ -73,16 +116,18 @@ def _seed000(**changes):
     profile = {
         "description": "Dual-socket EPYC, 4x L40S behind two PCIe Gen4 switches, ACS on (seed 000)",
         "cpu": {"sockets": 2, "cpulists": ["0-31,64-95", "32-63,96-127"]},
-        "kernel_cmdline": "BOOT_IMAGE=/boot/vmlinuz-6.8.0-49-generic root=UUID=3f1c6f8e ro "
-                          "amd_iommu=on iommu=pt quiet",
+        "kernel_cmdline": "BOOT_IMAGE=/boot/vmlinuz-6.8.0-49-generic root=UUID=3f1c6f8e ro amd_iommu=on iommu=pt quiet",
         "iommu": {"vendor": "amd", "group_type": "identity"},
         "interconnect": {"p2p_across_sockets": False},
         "host_bridges": [
-            {"bus": 0x40, "numa_node": 0, "root_ports": [
-                root_port("amd-rp", switch("pex-gen4", [gpu("L40S"), gpu("L40S"), nic("CX6")]),
-                          dev=1, fn=1),
-                root_port("amd-rp", switch("pex-gen4", [gpu("L40S"), gpu("L40S")]), dev=3, fn=1),
-            ]},
+            {
+                "bus": 0x40,
+                "numa_node": 0,
+                "root_ports": [
+                    root_port("amd-rp", switch("pex-gen4", [gpu("L40S"), gpu("L40S"), nic("CX6")]), dev=1, fn=1),
+                    root_port("amd-rp", switch("pex-gen4", [gpu("L40S"), gpu("L40S")]), dev=3, fn=1),
+                ],
+            },
             {"bus": 0xC0, "numa_node": 1, "root_ports": []},
         ],
         "fault": {},
@@ -94,8 +139,8 @@ def _seed000(**changes):
 
 def _degraded_x8():
     profile = _seed000(
-        description="Seed 000's host whose GPU 2 trained down to x8: must never be registered",
-        expect_registered=False)
+        description="Seed 000's host whose GPU 2 trained down to x8: must never be registered", expect_registered=False
+    )
     profile["host_bridges"][0]["root_ports"][1]["child"]["children"][0]["width_current"] = 8
     return profile
 
@@ -104,26 +149,30 @@ def _vfio():
     profile = _seed000(
         description="Seed 000's host with GPU 3 bound to vfio-pci for a VM: ACS must stay on",
         kernel_cmdline="BOOT_IMAGE=/boot/vmlinuz-6.8.0-49-generic root=UUID=3f1c6f8e ro "
-                       "amd_iommu=on iommu=nopt vfio-pci.ids=10de:26b9",
+        "amd_iommu=on iommu=nopt vfio-pci.ids=10de:26b9",
         iommu={"vendor": "amd", "group_type": "DMA-FQ"},
-        expect_registered=False)
+        expect_registered=False,
+    )
     profile["host_bridges"][0]["root_ports"][1]["child"]["children"][1]["driver"] = "vfio-pci"
     return profile
 
 
 def _epyc_rootports():
     return {
-        "description": "2x A100 PCIe straight on AMD EPYC root ports with ACSCtl 0x001d "
-                       "(PHB; NVIDIA/nccl issue 2079)",
+        "description": "2x A100 PCIe straight on AMD EPYC root ports with ACSCtl 0x001d (PHB; NVIDIA/nccl issue 2079)",
         "cpu": {"sockets": 1, "cpulists": ["0-63"]},
         "kernel_cmdline": "BOOT_IMAGE=/boot/vmlinuz-6.5.0-35-generic root=UUID=8a02 ro amd_iommu=on",
         "iommu": {"vendor": "amd", "group_type": "DMA-FQ"},
         "interconnect": {"p2p_across_sockets": False},
         "host_bridges": [
-            {"bus": 0x00, "numa_node": 0, "root_ports": [
-                root_port("amd-rp", gpu("A100-PCIE"), acs_ctl=KERNEL_ACS_CTL, dev=1, fn=1),
-                root_port("amd-rp", gpu("A100-PCIE"), acs_ctl=KERNEL_ACS_CTL, dev=1, fn=2),
-            ]},
+            {
+                "bus": 0x00,
+                "numa_node": 0,
+                "root_ports": [
+                    root_port("amd-rp", gpu("A100-PCIE"), acs_ctl=KERNEL_ACS_CTL, dev=1, fn=1),
+                    root_port("amd-rp", gpu("A100-PCIE"), acs_ctl=KERNEL_ACS_CTL, dev=1, fn=2),
+                ],
+            },
         ],
         "fault": {},
         "expect_registered": True,
@@ -136,12 +185,15 @@ def _h100_sxm():
 
     return {
         "description": "8x H100 SXM (NVLink NV18 all-to-all) behind four PCIe Gen5 switches, "
-                       "4x ConnectX-7, dual-socket Sapphire Rapids",
+        "4x ConnectX-7, dual-socket Sapphire Rapids",
         "cpu": {"sockets": 2, "cpulists": ["0-55,112-167", "56-111,168-223"]},
-        "kernel_cmdline": "BOOT_IMAGE=/boot/vmlinuz-6.8.0-49-generic root=UUID=c0ffee ro "
-                          "intel_iommu=on iommu=pt",
+        "kernel_cmdline": "BOOT_IMAGE=/boot/vmlinuz-6.8.0-49-generic root=UUID=c0ffee ro intel_iommu=on iommu=pt",
         "iommu": {"vendor": "intel", "group_type": "identity"},
         "interconnect": {"p2p_across_sockets": True},
+        # Four third-generation NVSwitches on the HGX baseboard (the fabric manager's devices; the
+        # kernel's nvidia-nvswitchN). Not in the model's PCI tree: the GPUs' peer paths never
+        # cross them as PCIe, and the tree's function list stays what the lab has always shown.
+        "nvswitch": {"bdfs": ["0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"]},
         "host_bridges": [
             {"bus": 0x15, "numa_node": 0, "root_ports": [root_port("intel-rp", pair("CX7"), dev=1, fn=0)]},
             {"bus": 0x37, "numa_node": 0, "root_ports": [root_port("intel-rp", pair("CX7"), dev=1, fn=0)]},

@@ -7,6 +7,7 @@ device directories nested as the bridges nest, `sys/bus/pci/devices/<bdf>` are r
 them, so the real `lspci`/`setpci -O sysfs.path=<root>/sys/bus/pci` read and write the tree, and a
 device's upstream bridges are visible from its path.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -16,14 +17,21 @@ import struct
 import uuid
 from pathlib import Path
 
+from . import health
 from . import profiles as P
 
 CONFIG_SIZE = 4096
 PM_CAP, PCIE_CAP = 0x40, 0x60
 AER_ECAP, ACS_ECAP = 0x100, 0x150
 PORT_TYPE = {"endpoint": 0x0, "root_port": 0x4, "upstream": 0x5, "downstream": 0x6}
-LINK_SPEED_TEXT = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe",
-                   5: "32.0 GT/s PCIe", 6: "64.0 GT/s PCIe"}
+LINK_SPEED_TEXT = {
+    1: "2.5 GT/s PCIe",
+    2: "5.0 GT/s PCIe",
+    3: "8.0 GT/s PCIe",
+    4: "16.0 GT/s PCIe",
+    5: "32.0 GT/s PCIe",
+    6: "64.0 GT/s PCIe",
+}
 NODE_FILE = "lab-node.json"
 
 
@@ -80,20 +88,39 @@ class _Layout:
             self.next_bus = hb["bus"] + 1
             for rp in hb["root_ports"]:
                 model = P.BRIDGE_MODELS[rp["model"]]
-                rec = self._bridge("root_port", model, hb["bus"], rp["dev"], rp["fn"],
-                                   parent=None, host_bridge=hb, acs_ctl=rp["acs_ctl"])
+                rec = self._bridge(
+                    "root_port",
+                    model,
+                    hb["bus"],
+                    rp["dev"],
+                    rp["fn"],
+                    parent=None,
+                    host_bridge=hb,
+                    acs_ctl=rp["acs_ctl"],
+                )
                 self._below(rec, rp["child"], hb)
         return self
 
     def _bridge(self, role, model, bus, dev, fn, parent, host_bridge, acs_ctl, port_number=0):
         rec = {
-            "bdf": bdf(bus, dev, fn), "role": role, "kind": "bridge", "parent": parent,
-            "host_bridge": host_bridge["bus"], "numa_node": host_bridge["numa_node"],
-            "vendor_id": model["vendor_id"], "device_id": model["device_id"], "class": 0x060400,
-            "gen_max": model["gen_max"], "width_max": 16, "gen_current": model["gen_max"],
-            "width_current": 16, "port_number": port_number, "driver": "pcieport",
+            "bdf": bdf(bus, dev, fn),
+            "role": role,
+            "kind": "bridge",
+            "parent": parent,
+            "host_bridge": host_bridge["bus"],
+            "numa_node": host_bridge["numa_node"],
+            "vendor_id": model["vendor_id"],
+            "device_id": model["device_id"],
+            "class": 0x060400,
+            "gen_max": model["gen_max"],
+            "width_max": 16,
+            "gen_current": model["gen_max"],
+            "width_current": 16,
+            "port_number": port_number,
+            "driver": "pcieport",
             "acs_cap": None if role == "upstream" else model["acs_cap"],
-            "acs_ctl": None if role == "upstream" else acs_ctl, "primary": bus,
+            "acs_ctl": None if role == "upstream" else acs_ctl,
+            "primary": bus,
         }
         self.devices.append(rec)
         return rec
@@ -109,8 +136,9 @@ class _Layout:
             usp["secondary"] = internal = self.next_bus
             self.next_bus += 1
             for n, grandchild in enumerate(child["children"]):
-                dsp = self._bridge("downstream", model, internal, n, 0, usp["bdf"], hb,
-                                   child["dsp_acs_ctl"], port_number=n)
+                dsp = self._bridge(
+                    "downstream", model, internal, n, 0, usp["bdf"], hb, child["dsp_acs_ctl"], port_number=n
+                )
                 self._below(dsp, grandchild, hb)
             usp["subordinate"] = self.next_bus - 1
         else:
@@ -121,21 +149,33 @@ class _Layout:
         is_gpu = spec["kind"] == "gpu"
         model = (P.GPU_MODELS if is_gpu else P.NIC_MODELS)[spec["model"]]
         rec = {
-            "bdf": bdf(bus), "role": "endpoint", "kind": spec["kind"], "parent": port["bdf"],
-            "host_bridge": hb["bus"], "numa_node": hb["numa_node"],
-            "vendor_id": model.get("vendor_id", 0x10DE), "device_id": model["device_id"],
-            "class": model["class"], "name": model["name"],
-            "gen_max": model["gen_max"], "width_max": model["width_max"],
+            "bdf": bdf(bus),
+            "role": "endpoint",
+            "kind": spec["kind"],
+            "parent": port["bdf"],
+            "host_bridge": hb["bus"],
+            "numa_node": hb["numa_node"],
+            "vendor_id": model.get("vendor_id", 0x10DE),
+            "device_id": model["device_id"],
+            "class": model["class"],
+            "name": model["name"],
+            "gen_max": model["gen_max"],
+            "width_max": model["width_max"],
             "gen_current": spec.get("gen_current", model["gen_max"]),
             "width_current": spec.get("width_current", model["width_max"]),
             "driver": spec.get("driver", "nvidia" if is_gpu else "mlx5_core"),
-            "acs_cap": None, "acs_ctl": None,
+            "acs_cap": None,
+            "acs_ctl": None,
         }
         # The port trains to what the endpoint trained to.
         port["gen_current"], port["width_current"] = rec["gen_current"], rec["width_current"]
         if is_gpu:
-            rec.update(index=len(self.gpus), memory_total_mib=model["memory_total_mib"],
-                       nvlinks=model["nvlinks"], subsystem_id=0x1851)
+            rec.update(
+                index=len(self.gpus),
+                memory_total_mib=model["memory_total_mib"],
+                nvlinks=model["nvlinks"],
+                subsystem_id=0x1851,
+            )
             self.gpus.append(rec)
         else:
             rec["index"] = len(self.nics)
@@ -155,9 +195,12 @@ def describe(name, fault=None):
         g["uuid"] = "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpufleet-lab/{name}/{g['index']}"))
         g["serial"] = str(1320000000000 + int(seed[:6], 16) % 1000 * 100 + g["index"])
         g["cpu_affinity"] = cpulists[g["numa_node"]]
-    return {"profile": name, **{k: v for k, v in profile.items() if k != "host_bridges"},
-            "host_bridges": [{"bus": hb["bus"], "numa_node": hb["numa_node"]} for hb in profile["host_bridges"]],
-            "devices": layout.devices}
+    return {
+        "profile": name,
+        **{k: v for k, v in profile.items() if k != "host_bridges"},
+        "host_bridges": [{"bus": hb["bus"], "numa_node": hb["numa_node"]} for hb in profile["host_bridges"]],
+        "devices": layout.devices,
+    }
 
 
 def _write(path, text):
@@ -219,7 +262,7 @@ def build(name, root, fault=None):
         dev["iommu_group"] = group_no
     iommu_class = sys_dir / "class" / "iommu"
     iommu_class.mkdir(parents=True)
-    for n, hb in enumerate(data["host_bridges"]):
+    for n in range(len(data["host_bridges"])):
         name_ = f"ivhd{n}" if data["iommu"]["vendor"] == "amd" else f"dmar{n}"
         (iommu_class / name_).mkdir()
     proc = root / "proc"
@@ -228,5 +271,7 @@ def build(name, root, fault=None):
     _write(proc / "sys" / "kernel" / "random" / "boot_id", str(uuid.uuid4()))
     write_config_spaces(root, data)
     (root / NODE_FILE).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    health.init(root, data, data.get("driver_version", P.DRIVER_VERSION))
     from .node import Node
+
     return Node.load(root)

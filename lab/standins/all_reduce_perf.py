@@ -5,8 +5,9 @@ follows the hardware model and the CURRENT registers of the machine's sysfs tree
 The machine is the one `lab.hwmodel.build()` laid out under $GPUFLEET_LAB_ROOT.  Bus bandwidth
 comes from the best ring through the GPUs, each hop valued from what the node is NOW:
 
-* NVLink (`NV#` between the two GPUs): about 26 GB/s per link (8x H100 NV18: ~470 GB/s at the
-  largest sizes), whatever the PCIe bridges do;
+* NVLink (`NV#` between the two GPUs): about 26 GB/s per link that is up right now (8x H100
+  NV18: ~470 GB/s at the largest sizes; one link down, `lab fault NODE nvlink-down`, costs 1/18),
+  whatever the PCIe bridges do;
 * PCIe: the practical x16 peak of the generation the two links trained to (Gen3 ~12, Gen4 ~24,
   Gen5 ~47.5 GB/s) scaled by the trained width (a GPU at x8 halves its hops) and by the path
   class (PIX 1.0 ... SYS 0.52); if any bridge on the path has ACS ReqRedir, CmpltRedir or
@@ -30,6 +31,7 @@ wins): `wrong` (wrong results from 1 MB up, `FAILED` footer, exit 1), `hang` (st
 rows until killed, or until -T expires), `truncate` (dies mid-table, killed by SIGKILL like the
 OOM killer would), `crash` (an NCCL failure before the first row, exit 1).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,9 +58,25 @@ NVLINK_PER_LINK = 26.0
 RAMP_BYTES_PER_GBPS = 25_000
 LATENCY_US = {"pcie": 11.0, "nvlink": 14.0}
 
-TYPES = {"int8": 1, "char": 1, "uint8": 1, "int32": 4, "int": 4, "uint32": 4, "int64": 8,
-         "uint64": 8, "half": 2, "float16": 2, "float": 4, "float32": 4, "double": 8,
-         "float64": 8, "bfloat16": 2, "f8e4m3": 1, "f8e5m2": 1}
+TYPES = {
+    "int8": 1,
+    "char": 1,
+    "uint8": 1,
+    "int32": 4,
+    "int": 4,
+    "uint32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "half": 2,
+    "float16": 2,
+    "float": 4,
+    "float32": 4,
+    "double": 8,
+    "float64": 8,
+    "bfloat16": 2,
+    "f8e4m3": 1,
+    "f8e5m2": 1,
+}
 OPS = ("sum", "prod", "max", "min", "avg", "mulsum")
 
 
@@ -134,7 +152,9 @@ class Machine:
         i, j = self.cuda[a], self.cuda[b]
         kind = self.node.link_type(i, j)
         if kind.startswith("NV"):
-            return int(kind[2:]) * NVLINK_PER_LINK, "P2P/CUMEM/NVLink"
+            # Only the links up right now carry traffic (a link down costs its share: 1/18 on H100).
+            links = min(int(kind[2:]), self.node.nvlinks_active(i), self.node.nvlinks_active(j))
+            return links * NVLINK_PER_LINK, "P2P/CUMEM/NVLink"
         gi, gj = self.node.gpus[i], self.node.gpus[j]
         gen = min(gi.gen_current, gj.gen_current)
         width = min(gi.width_current, gj.width_current)
@@ -203,10 +223,23 @@ def main(argv=None):
 
     step = ("%d(factor)" % args.stepfactor) if args.stepfactor else ("%d(bytes)" % args.stepbytes)
     print("# Collective test starting: all_reduce_perf", file=out)
-    print("# nThread %d nGpus %d minBytes %d maxBytes %d step: %s warmup iters: %d iters: %d agg iters: %d "
-          "validation: %d graph: %d" % (args.nthreads, args.ngpus, args.minbytes, args.maxbytes, step,
-                                        args.warmup_iters, args.iters, args.agg_iters, args.check,
-                                        args.cudagraph), file=out)
+    print(
+        "# nThread %d nGpus %d minBytes %d maxBytes %d step: %s warmup iters: %d iters: %d agg iters: %d "
+        "validation: %d graph: %d"
+        % (
+            args.nthreads,
+            args.ngpus,
+            args.minbytes,
+            args.maxbytes,
+            step,
+            args.warmup_iters,
+            args.iters,
+            args.agg_iters,
+            args.check,
+            args.cudagraph,
+        ),
+        file=out,
+    )
     print("#", file=out)
     print("# Using devices", file=out)
     if ngpus > len(machine.cuda):
@@ -217,8 +250,11 @@ def main(argv=None):
     for rank in range(ngpus):
         g = node.gpus[machine.cuda[rank]]
         dom, bus, rest = g.bdf.split(":")
-        print("#  Rank %2d Group  0 Pid %6d on %10s device %2d [%s:%s:%s] %s"
-              % (rank, pid, host, rank, dom, bus, rest.split(".")[0], g.name), file=out)
+        print(
+            "#  Rank %2d Group  0 Pid %6d on %10s device %2d [%s:%s:%s] %s"
+            % (rank, pid, host, rank, dom, bus, rest.split(".")[0], g.name),
+            file=out,
+        )
     ring_peak, order, transports = machine.ring(ngpus) if ngpus > 1 else (0.0, (0,), [])
     if debug:
         tid = pid + 11
@@ -226,27 +262,48 @@ def main(argv=None):
         print(f"{host}:{pid}:{pid} [0] NCCL INFO cudaDriverVersion 12080", file=out)
         print(f"{host}:{pid}:{pid} [0] NCCL INFO NCCL version 2.26.5+cuda12.8", file=out)
         for rank in range(ngpus):
-            print(f"{host}:{pid}:{tid + rank} [{rank}] NCCL INFO ncclCommInitAll comm 0x55d0c0{rank:04x} rank {rank} "
-                  f"nranks {ngpus} cudaDev {rank} nvmlDev {machine.cuda[rank]} busId "
-                  f"{node.gpus[machine.cuda[rank]].bdf[5:7]}000 commId 0x3c1f0a2d9e8b7c61 - Init START", file=out)
+            print(
+                f"{host}:{pid}:{tid + rank} [{rank}] NCCL INFO ncclCommInitAll comm 0x55d0c0{rank:04x} rank {rank} "
+                f"nranks {ngpus} cudaDev {rank} nvmlDev {machine.cuda[rank]} busId "
+                f"{node.gpus[machine.cuda[rank]].bdf[5:7]}000 commId 0x3c1f0a2d9e8b7c61 - Init START",
+                file=out,
+            )
         print(f"{host}:{pid}:{tid} [0] NCCL INFO Channel 00/02 : " + " ".join(str(r) for r in order), file=out)
         for rank in range(ngpus):
-            print(f"{host}:{pid}:{tid + rank} [{rank}] NCCL INFO ncclCommInitAll comm 0x55d0c0{rank:04x} rank {rank} "
-                  f"nranks {ngpus} cudaDev {rank} nvmlDev {machine.cuda[rank]} busId "
-                  f"{node.gpus[machine.cuda[rank]].bdf[5:7]}000 commId 0x3c1f0a2d9e8b7c61 - Init COMPLETE", file=out)
+            print(
+                f"{host}:{pid}:{tid + rank} [{rank}] NCCL INFO ncclCommInitAll comm 0x55d0c0{rank:04x} rank {rank} "
+                f"nranks {ngpus} cudaDev {rank} nvmlDev {machine.cuda[rank]} busId "
+                f"{node.gpus[machine.cuda[rank]].bdf[5:7]}000 commId 0x3c1f0a2d9e8b7c61 - Init COMPLETE",
+                file=out,
+            )
     print("#", file=out)
-    print("#                                                              out-of-place                       in-place          ", file=out)
-    print("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong", file=out)
-    print("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       ", file=out)
+    print(
+        "#                                                              out-of-place                       in-place          ",
+        file=out,
+    )
+    print(
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
+        file=out,
+    )
+    print(
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       ",
+        file=out,
+    )
     if debug and ngpus > 1:
         for k in range(len(order)):
             a, b = order[k], order[(k + 1) % len(order)]
-            print(f"{host}:{pid}:{pid + 40} [{a}] NCCL INFO Channel 00/0 : {a}[{a}] -> {b}[{b}] via {transports[k]}", file=out)
+            print(
+                f"{host}:{pid}:{pid + 40} [{a}] NCCL INFO Channel 00/0 : {a}[{a}] -> {b}[{b}] via {transports[k]}",
+                file=out,
+            )
         print(f"{host}:{pid}:{pid + 40} [0] NCCL INFO Connected all rings", file=out)
     out.flush()
     if fault == "crash":
         print(f"\n{host}:{pid}:{pid} [0] enqueue.cc:1500 NCCL WARN Cuda failure 1 'invalid argument'", file=out)
-        print(f"{host}: Test NCCL failure common.cu:392 'unhandled cuda error (run with NCCL_DEBUG=INFO for details) / '", file=out)
+        print(
+            f"{host}: Test NCCL failure common.cu:392 'unhandled cuda error (run with NCCL_DEBUG=INFO for details) / '",
+            file=out,
+        )
         print(f" .. {host} pid {pid}: Test failure common.cu:590", file=out)
         out.flush()
         return 1
@@ -296,9 +353,17 @@ def main(argv=None):
         for time_us, algbw, busbw, wrong in cells:
             line += "  %7s  %6.2f  %6.2f  %5s" % (fmt_time(time_us), algbw, busbw, wrong)
         print(line, file=out)
-        results.append({"size": size, "count": count, "type": args.datatype, "redop": args.op, "root": -1,
-                        "out_of_place": dict(zip(("time", "algbw", "busbw", "wrong"), cells[0])),
-                        "in_place": dict(zip(("time", "algbw", "busbw", "wrong"), cells[1]))})
+        results.append(
+            {
+                "size": size,
+                "count": count,
+                "type": args.datatype,
+                "redop": args.op,
+                "root": -1,
+                "out_of_place": dict(zip(("time", "algbw", "busbw", "wrong"), cells[0], strict=False)),
+                "in_place": dict(zip(("time", "algbw", "busbw", "wrong"), cells[1], strict=False)),
+            }
+        )
     avg = bw_sum / bw_count if bw_count else 0.0
     min_bw = env.get("NCCL_TESTS_MIN_BW")
     verdict = "" if min_bw is None else ("FAILED" if avg < float(min_bw) * 0.9 else "OK")
@@ -309,8 +374,17 @@ def main(argv=None):
     print("#", file=out)
     if args.output_file:
         with open(args.output_file, "w") as f:
-            json.dump({"collective": "all_reduce_perf", "nranks": ngpus, "results": results,
-                       "out_of_bounds": errors, "avg_busbw": avg}, f, indent=1)
+            json.dump(
+                {
+                    "collective": "all_reduce_perf",
+                    "nranks": ngpus,
+                    "results": results,
+                    "out_of_bounds": errors,
+                    "avg_busbw": avg,
+                },
+                f,
+                indent=1,
+            )
     out.flush()
     return 1 if errors or verdict == "FAILED" else 0
 

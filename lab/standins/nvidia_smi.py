@@ -11,21 +11,27 @@ Like the real tool, only GPUs bound to the `nvidia` driver exist for it (a GPU h
 is invisible and the others are numbered without it), indexed in PCI bus order.
 
 Supported: `topo -m` (alias `--matrix`), `topo -p2p r|w|n|a|p`, `--query-gpu=FIELDS
---format=csv[,noheader][,nounits]` with `-i`, `-L`, `nvlink -s` (`--status`), and a summary
-table with no arguments.  Faults, from the profile's `fault` dict (key `gpu`) or the environment
+--format=csv[,noheader][,nounits]` with `-i`, `-L`, `nvlink -s` (`--status`), `-q` (`--query`,
+with `-i`: the full text report, laid out as driver 535+ lays it out), and a summary table with
+no arguments.  The GPU health state of the machine (lab/hwmodel/health.py: ECC counts, remapped
+rows, clocks event reasons, NVLink links down, a link trained down, the fabric manager) shows in
+`-q`, `nvlink -s`, the summary's ECC column and the matching `--query-gpu` fields.  Faults, from the profile's `fault` dict (key `gpu`) or the environment
 variable GPUFLEET_LAB_GPU_FAULT (which wins): `driver-not-loaded`, `no-devices`, `lost:<n>` (GPU
 n of the model fell off the bus), `library-mismatch`.
 """
+
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 from lab.hwmodel import Node
+from lab.hwmodel.profiles import DRIVER_VERSION
 
 FAULT_ENV = "GPUFLEET_LAB_GPU_FAULT"
 ANSI_ENV = "GPUFLEET_LAB_NVSMI_ANSI"
-DEFAULT_DRIVER = "570.133.20"
+DEFAULT_DRIVER = DRIVER_VERSION
 DEFAULT_CUDA = "12.8"
 NVLINK_GBPS = "26.562"
 
@@ -52,8 +58,10 @@ P2P_LEGEND = """Legend:
   U    = Unknown
 """
 
-DRIVER_NOT_LOADED = ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
-                     "Make sure that the latest NVIDIA driver is installed and running.\n\n")
+DRIVER_NOT_LOADED = (
+    "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+    "Make sure that the latest NVIDIA driver is installed and running.\n\n"
+)
 LIBRARY_MISMATCH = "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 570.133\n"
 NO_DEVICES = "No devices were found\n"
 INVALID_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
@@ -176,12 +184,20 @@ def _query_value(node, index, gpu, field):
     """(value, unit) for one --query-gpu field."""
     mem_total = gpu.memory_total_mib
     used = 0
+    state = node.health
+    health = node.gpu_health(gpu.index, state)
+    rows = health["remapped_rows"]
+    fabric = fabric_state(node, state)
     values = {
         "index": (str(index), None),
-        "name": (gpu.name, None), "gpu_name": (gpu.name, None),
-        "uuid": (gpu.uuid, None), "gpu_uuid": (gpu.uuid, None),
-        "serial": (gpu.serial, None), "gpu_serial": (gpu.serial, None),
-        "pci.bus_id": (nvml_bus_id(gpu.bdf), None), "gpu_bus_id": (nvml_bus_id(gpu.bdf), None),
+        "name": (gpu.name, None),
+        "gpu_name": (gpu.name, None),
+        "uuid": (gpu.uuid, None),
+        "gpu_uuid": (gpu.uuid, None),
+        "serial": (gpu.serial, None),
+        "gpu_serial": (gpu.serial, None),
+        "pci.bus_id": (nvml_bus_id(gpu.bdf), None),
+        "gpu_bus_id": (nvml_bus_id(gpu.bdf), None),
         "pci.domain": ("0x%04X" % int(gpu.bdf[:4], 16), None),
         "pci.bus": ("0x%s" % gpu.bdf[5:7].upper(), None),
         "pci.device": ("0x%s" % gpu.bdf[8:10].upper(), None),
@@ -199,7 +215,8 @@ def _query_value(node, index, gpu, field):
         "pcie.link.width.current": (str(gpu.width_current), None),
         "pcie.link.width.max": (str(gpu.width_max), None),
         "compute_cap": (COMPUTE_CAP.get(gpu.name, "8.0"), None),
-        "utilization.gpu": ("0", "%"), "utilization.memory": ("0", "%"),
+        "utilization.gpu": ("0", "%"),
+        "utilization.memory": ("0", "%"),
         "temperature.gpu": ("31", None),
         "power.draw": ("61.42", "W"),
         "pstate": ("P8", None),
@@ -208,7 +225,23 @@ def _query_value(node, index, gpu, field):
         "display_mode": ("Disabled", None),
         "compute_mode": ("Default", None),
         "mig.mode.current": ("[N/A]", None),
+        "ecc.mode.current": ("Enabled", None),
+        "ecc.errors.uncorrected.volatile.total": (str(volatile_uncorrectable(node, gpu, state)), None),
+        "ecc.errors.uncorrected.aggregate.total": (str(_ecc_total(health["ecc"]["aggregate"], "uncorrectable")), None),
+        "ecc.errors.corrected.volatile.total": (str(_ecc_total(health["ecc"]["volatile"], "correctable")), None),
+        "ecc.errors.corrected.aggregate.total": (str(_ecc_total(health["ecc"]["aggregate"], "correctable")), None),
+        "remapped_rows.correctable": (str(rows["correctable"]), None),
+        "remapped_rows.uncorrectable": (str(rows["uncorrectable"]), None),
+        "remapped_rows.pending": ("Yes" if rows["pending"] else "No", None),
+        "remapped_rows.failure": ("Yes" if rows["failure"] else "No", None),
+        "clocks_event_reasons.active": ("0x%016X" % clocks_event_mask(node, gpu, state), None),
+        "fabric.state": (fabric[0], None),
+        "fabric.status": (fabric[1], None),
     }
+    for key, bit, _label in CLOCK_REASONS:
+        active = "Active" if clocks_event_mask(node, gpu, state) & bit else "Not Active"
+        values["clocks_event_reasons.%s" % key] = (active, None)
+        values["clocks_throttle_reasons.%s" % key] = (active, None)
     if field not in values:
         raise KeyError(field)
     return values[field]
@@ -230,7 +263,7 @@ def query_gpu(node, fields, fmt, ids):
             try:
                 value, unit = _query_value(node, index, gpu, field)
             except KeyError:
-                raise Exit(2, 'Field "%s" is not a valid field to query.\n\n' % field)
+                raise Exit(2, 'Field "%s" is not a valid field to query.\n\n' % field) from None
             units[field] = unit
             if unit and "nounits" not in fmt and not value.startswith("["):
                 value = "%s %s" % (value, unit)
@@ -248,31 +281,295 @@ def list_gpus(node):
 
 
 def nvlink_status(node, ids):
+    state = node.health
     out = []
     for i, gpu in enumerate(visible_gpus(node)):
         if ids is not None and str(i) not in ids:
             continue
         out.append("GPU %d: %s (UUID: %s)" % (i, gpu.name, gpu.uuid))
-        out.extend("\t Link %d: %s GB/s" % (link, NVLINK_GBPS) for link in range(gpu.nvlinks))
+        down = node.gpu_health(gpu.index, state)["nvlinks_down"]
+        out.extend(
+            "\t Link %d: %s" % (link, "<inactive>" if link in down else NVLINK_GBPS + " GB/s")
+            for link in range(gpu.nvlinks)
+        )
     return "\n".join(out) + "\n"
+
+
+# -- health (from the machine's health state) ---------------------------------------------------
+#: NVML clocks event reason bits (nvmlClocksEventReason*), with nvidia-smi's query keys and -q labels.
+CLOCK_REASONS = (
+    ("gpu_idle", 0x1, "Idle"),
+    ("applications_clocks_setting", 0x2, "Applications Clocks Setting"),
+    ("sw_power_cap", 0x4, "SW Power Cap"),
+    ("hw_slowdown", 0x8, "HW Slowdown"),
+    ("sync_boost", 0x10, "Sync Boost"),
+    ("sw_thermal_slowdown", 0x20, "SW Thermal Slowdown"),
+    ("hw_thermal_slowdown", 0x40, "HW Thermal Slowdown"),
+    ("hw_power_brake_slowdown", 0x80, "HW Power Brake Slowdown"),
+    ("display_clock_setting", 0x100, "Display Clock Setting"),
+)
+
+ARCHITECTURE = {"NVIDIA L40S": "Ada Lovelace", "NVIDIA H100 80GB HBM3": "Hopper", "NVIDIA A100 80GB PCIe": "Ampere"}
+VBIOS = {
+    "NVIDIA L40S": "95.02.66.00.02",
+    "NVIDIA H100 80GB HBM3": "96.00.74.00.01",
+    "NVIDIA A100 80GB PCIe": "92.00.45.00.05",
+}
+POWER_LIMIT = {"NVIDIA L40S": 350, "NVIDIA H100 80GB HBM3": 700, "NVIDIA A100 80GB PCIe": 300}
+RESERVED_MIB = {"NVIDIA L40S": 593, "NVIDIA H100 80GB HBM3": 551, "NVIDIA A100 80GB PCIe": 539}
+
+
+def _ecc_total(counts, kind):
+    return counts["sram_" + kind] + counts["dram_" + kind]
+
+
+def volatile_uncorrectable(node, gpu, state=None):
+    return _ecc_total(node.gpu_health(gpu.index, state)["ecc"]["volatile"], "uncorrectable")
+
+
+def clocks_event_mask(node, gpu, state=None):
+    """nvmlDeviceGetCurrentClocksEventReasons: the lab's GPUs idle, plus what the state adds."""
+    mask = 0x1
+    if node.gpu_health(gpu.index, state)["hw_slowdown"]:
+        mask |= 0x8
+    return mask
+
+
+def fabric_state(node, state=None):
+    """(State, Status) as `nvidia-smi -q` prints them under "Fabric": N/A without NVSwitches;
+    Completed/Success while the fabric manager runs; In Progress/N/A while it does not (the GPUs
+    wait to be registered with the fabric)."""
+    active = node.fabric_manager_active(state)
+    if active is None:
+        return "N/A", "N/A"
+    return ("Completed", "Success") if active else ("In Progress", "N/A")
+
+
+def _kv(depth, label, value=None):
+    text = "    " * depth + label
+    if value is None:
+        return text
+    return "%-42s: %s" % (text, value)
+
+
+def _gpu_report(node, index, gpu, state):
+    h = node.gpu_health(gpu.index, state)
+    vol, agg, rows = h["ecc"]["volatile"], h["ecc"]["aggregate"], h["remapped_rows"]
+    mask = clocks_event_mask(node, gpu, state)
+    reserved = RESERVED_MIB.get(gpu.name, 512)
+    power = POWER_LIMIT.get(gpu.name, 300)
+    fab_state, fab_status = fabric_state(node, state)
+    bus, dev = gpu.bdf[5:7].upper(), gpu.bdf[8:10].upper()
+    L = [
+        "GPU %s" % nvml_bus_id(gpu.bdf),
+        _kv(1, "Product Name", gpu.name),
+        _kv(1, "Product Brand", "NVIDIA"),
+        _kv(1, "Product Architecture", ARCHITECTURE.get(gpu.name, "Ampere")),
+        _kv(1, "Display Mode", "Disabled"),
+        _kv(1, "Display Active", "Disabled"),
+        _kv(1, "Persistence Mode", "Enabled"),
+        _kv(1, "Addressing Mode", "None"),
+        _kv(1, "MIG Mode"),
+        _kv(2, "Current", "Disabled"),
+        _kv(2, "Pending", "Disabled"),
+        _kv(1, "Accounting Mode", "Disabled"),
+        _kv(1, "Accounting Mode Buffer Size", "4000"),
+        _kv(1, "Driver Model"),
+        _kv(2, "Current", "N/A"),
+        _kv(2, "Pending", "N/A"),
+        _kv(1, "Serial Number", gpu.serial),
+        _kv(1, "GPU UUID", gpu.uuid),
+        _kv(1, "Minor Number", str(index)),
+        _kv(1, "VBIOS Version", VBIOS.get(gpu.name, "92.00.00.00.01")),
+        _kv(1, "MultiGPU Board", "No"),
+        _kv(1, "Board ID", "0x%s00" % bus.lower()),
+        _kv(1, "GPU Operation Mode"),
+        _kv(2, "Current", "N/A"),
+        _kv(2, "Pending", "N/A"),
+        _kv(1, "GSP Firmware Version", driver_version(node)),
+        _kv(1, "GPU Virtualization Mode"),
+        _kv(2, "Virtualization Mode", "None"),
+        _kv(2, "Host VGPU Mode", "N/A"),
+        _kv(1, "GPU Reset Status"),
+        _kv(2, "Reset Required", "Yes" if rows["pending"] else "No"),
+        _kv(2, "Drain and Reset Recommended", "No"),
+        _kv(1, "IBMNPU"),
+        _kv(2, "Relaxed Ordering Mode", "N/A"),
+        _kv(1, "PCI"),
+        _kv(2, "Bus", "0x%s" % bus),
+        _kv(2, "Device", "0x%s" % dev),
+        _kv(2, "Domain", "0x%04X" % int(gpu.bdf[:4], 16)),
+        _kv(2, "Device Id", "0x%04X10DE" % gpu.rec["device_id"]),
+        _kv(2, "Bus Id", nvml_bus_id(gpu.bdf)),
+        _kv(2, "Sub System Id", "0x%04X10DE" % gpu.rec.get("subsystem_id", 0)),
+        _kv(2, "GPU Link Info"),
+        _kv(3, "PCIe Generation"),
+        _kv(4, "Max", str(gpu.gen_max)),
+        _kv(4, "Current", str(gpu.gen_current)),
+        _kv(4, "Device Current", str(gpu.gen_current)),
+        _kv(4, "Device Max", str(gpu.gen_max)),
+        _kv(4, "Host Max", str(gpu.gen_max)),
+        _kv(3, "Link Width"),
+        _kv(4, "Max", "%dx" % gpu.width_max),
+        _kv(4, "Current", "%dx" % gpu.width_current),
+        _kv(2, "Bridge Chip"),
+        _kv(3, "Type", "N/A"),
+        _kv(3, "Firmware", "N/A"),
+        _kv(2, "Replays Since Reset", "0"),
+        _kv(2, "Replay Number Rollovers", "0"),
+        _kv(2, "Tx Throughput", "0 KB/s"),
+        _kv(2, "Rx Throughput", "0 KB/s"),
+        _kv(2, "Atomic Caps Inbound", "N/A"),
+        _kv(2, "Atomic Caps Outbound", "N/A"),
+        _kv(1, "Fan Speed", "N/A"),
+        _kv(1, "Performance State", "P0" if gpu.nvlinks else "P8"),
+        _kv(1, "Clocks Event Reasons"),
+    ]
+    for key, bit, label in CLOCK_REASONS:
+        depth = 3 if key in ("hw_thermal_slowdown", "hw_power_brake_slowdown") else 2
+        L.append(_kv(depth, label, "Active" if mask & bit else "Not Active"))
+    # nvidia-smi prints the HW Slowdown sub-reasons right under it, then the rest.
+    order = [
+        "Idle",
+        "Applications Clocks Setting",
+        "SW Power Cap",
+        "HW Slowdown",
+        "HW Thermal Slowdown",
+        "HW Power Brake Slowdown",
+        "Sync Boost",
+        "SW Thermal Slowdown",
+        "Display Clock Setting",
+    ]
+    reasons = L[-len(CLOCK_REASONS) :]
+    reasons.sort(key=lambda line: order.index(line.split(":")[0].strip()))
+    L[-len(CLOCK_REASONS) :] = reasons
+    L += [
+        _kv(1, "Sparse Operation Mode", "Disabled"),
+        _kv(1, "FB Memory Usage"),
+        _kv(2, "Total", "%d MiB" % gpu.memory_total_mib),
+        _kv(2, "Reserved", "%d MiB" % reserved),
+        _kv(2, "Used", "0 MiB"),
+        _kv(2, "Free", "%d MiB" % (gpu.memory_total_mib - reserved)),
+        _kv(1, "BAR1 Memory Usage"),
+        _kv(2, "Total", "131072 MiB"),
+        _kv(2, "Used", "1 MiB"),
+        _kv(2, "Free", "131071 MiB"),
+        _kv(1, "Compute Mode", "Default"),
+        _kv(1, "Utilization"),
+        _kv(2, "Gpu", "0 %"),
+        _kv(2, "Memory", "0 %"),
+        _kv(2, "Encoder", "0 %"),
+        _kv(2, "Decoder", "0 %"),
+        _kv(1, "ECC Mode"),
+        _kv(2, "Current", "Enabled"),
+        _kv(2, "Pending", "Enabled"),
+        _kv(1, "ECC Errors"),
+    ]
+    for scope, counts in (("Volatile", vol), ("Aggregate", agg)):
+        L += [
+            _kv(2, scope),
+            _kv(3, "SRAM Correctable", str(counts["sram_correctable"])),
+            _kv(3, "SRAM Uncorrectable Parity", "0"),
+            _kv(3, "SRAM Uncorrectable SEC-DED", str(counts["sram_uncorrectable"])),
+            _kv(3, "DRAM Correctable", str(counts["dram_correctable"])),
+            _kv(3, "DRAM Uncorrectable", str(counts["dram_uncorrectable"])),
+        ]
+    L += [
+        _kv(3, "SRAM Threshold Exceeded", "No"),
+        _kv(1, "Retired Pages"),
+        _kv(2, "Single Bit ECC", "N/A"),
+        _kv(2, "Double Bit ECC", "N/A"),
+        _kv(2, "Pending Page Blacklist", "N/A"),
+        _kv(1, "Remapped Rows"),
+        _kv(2, "Correctable Error", str(rows["correctable"])),
+        _kv(2, "Uncorrectable Error", str(rows["uncorrectable"])),
+        _kv(2, "Pending", "Yes" if rows["pending"] else "No"),
+        _kv(2, "Remapping Failure Occurred", "Yes" if rows["failure"] else "No"),
+        _kv(2, "Bank Remap Availability Histogram"),
+        _kv(3, "Max", "%d bank(s)" % (2560 - rows["correctable"] - rows["uncorrectable"])),
+        _kv(3, "High", "0 bank(s)"),
+        _kv(3, "Partial", "0 bank(s)"),
+        _kv(3, "Low", "0 bank(s)"),
+        _kv(3, "None", "0 bank(s)"),
+        _kv(1, "Temperature"),
+        _kv(2, "GPU Current Temp", "31 C"),
+        _kv(2, "GPU T.Limit Temp", "55 C"),
+        _kv(2, "GPU Shutdown T.Limit Temp", "-8 C"),
+        _kv(2, "GPU Slowdown T.Limit Temp", "-2 C"),
+        _kv(2, "GPU Max Operating T.Limit Temp", "0 C"),
+        _kv(2, "GPU Target Temperature", "N/A"),
+        _kv(2, "Memory Current Temp", "N/A"),
+        _kv(2, "Memory Max Operating T.Limit Temp", "N/A"),
+        _kv(1, "GPU Power Readings"),
+        _kv(2, "Power Draw", "61.42 W"),
+        _kv(2, "Current Power Limit", "%.2f W" % power),
+        _kv(2, "Requested Power Limit", "%.2f W" % power),
+        _kv(2, "Default Power Limit", "%.2f W" % power),
+        _kv(2, "Min Power Limit", "%.2f W" % (power * 0.3)),
+        _kv(2, "Max Power Limit", "%.2f W" % power),
+        _kv(1, "Clocks"),
+        _kv(2, "Graphics", "345 MHz"),
+        _kv(2, "SM", "345 MHz"),
+        _kv(2, "Memory", "2619 MHz"),
+        _kv(2, "Video", "765 MHz"),
+        _kv(1, "Clock Policy"),
+        _kv(2, "Auto Boost", "N/A"),
+        _kv(2, "Auto Boost Default", "N/A"),
+        _kv(1, "Fabric"),
+        _kv(2, "State", fab_state),
+        _kv(2, "Status", fab_status),
+        _kv(1, "Processes", "None"),
+    ]
+    return L
+
+
+def query_report(node, ids=None):
+    """`nvidia-smi -q [-i ID]`: the full text report of every (or the chosen) GPU."""
+    gpus = list(enumerate(visible_gpus(node)))
+    if ids is not None:
+        gpus = [(i, g) for i, g in gpus if str(i) in ids or g.uuid in ids or nvml_bus_id(g.bdf) in ids]
+        if not gpus:
+            raise Exit(6, NO_DEVICES)
+    state = node.health
+    lines = [
+        "",
+        "==============NVSMI LOG==============",
+        "",
+        "%-42s: %s" % ("Timestamp", time.strftime("%a %b %d %H:%M:%S %Y")),
+        "%-42s: %s" % ("Driver Version", driver_version(node)),
+        "%-42s: %s" % ("CUDA Version", DEFAULT_CUDA),
+        "",
+        "%-42s: %d" % ("Attached GPUs", len(visible_gpus(node))),
+    ]
+    for index, gpu in gpus:
+        lines += _gpu_report(node, index, gpu, state)
+        lines.append("")
+    return "\n".join(lines) + "\n"
 
 
 def summary(node):
     gpus = visible_gpus(node)
     bar = "+-----------------------------------------------------------------------------------------+"
-    lines = [bar,
-             "| NVIDIA-SMI %-22s Driver Version: %-14s CUDA Version: %-9s|"
-             % (driver_version(node), driver_version(node), DEFAULT_CUDA),
-             "|-----------------------------------------+------------------------+----------------------+",
-             "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
-             "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
-             "|=========================================+========================+======================|"]
+    lines = [
+        bar,
+        "| NVIDIA-SMI %-22s Driver Version: %-14s CUDA Version: %-9s|"
+        % (driver_version(node), driver_version(node), DEFAULT_CUDA),
+        "|-----------------------------------------+------------------------+----------------------+",
+        "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
+        "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
+        "|=========================================+========================+======================|",
+    ]
+    state = node.health
     for i, gpu in enumerate(gpus):
         name = gpu.name if len(gpu.name) <= 27 else gpu.name[:24] + "..."
-        lines.append("| %3d  %-27s %6s |   %s Off |                    0 |"
-                     % (i, name, "On", nvml_bus_id(gpu.bdf)))
-        lines.append("| N/A   31C    P8             61W /  350W |       0MiB / %6dMiB |      0%%      Default |"
-                     % gpu.memory_total_mib)
+        lines.append(
+            "| %3d  %-27s %6s |   %s Off | %20d |"
+            % (i, name, "On", nvml_bus_id(gpu.bdf), volatile_uncorrectable(node, gpu, state))
+        )
+        lines.append(
+            "| N/A   31C    P8             61W /  350W |       0MiB / %6dMiB |      0%%      Default |"
+            % gpu.memory_total_mib
+        )
         lines.append("+-----------------------------------------+------------------------+----------------------+")
     return "\n".join(lines) + "\n"
 
@@ -310,6 +607,13 @@ def run(argv, node=None):
             raise Exit(2, INVALID_ARGS)
         if args[0] in ("-L", "--list-gpus"):
             return 0, list_gpus(node), ""
+        if args[0] in ("-q", "--query"):
+            ids = None
+            rest = args[1:]
+            for flag in ("-i", "--id"):
+                if flag in rest and rest.index(flag) + 1 < len(rest):
+                    ids = set(rest[rest.index(flag) + 1].split(","))
+            return 0, query_report(node, ids), ""
         fields = fmt = ids = None
         i = 0
         while i < len(args):
@@ -319,7 +623,7 @@ def run(argv, node=None):
                 fields = [f.strip() for f in value.split(",") if f.strip()]
             elif arg.startswith("--format"):
                 value, i = _option_value(args, i, "--format")
-                fmt = set(v.strip() for v in value.split(","))
+                fmt = {v.strip() for v in value.split(",")}
             elif arg in ("-i", "--id") or arg.startswith("--id="):
                 value, i = _option_value(args, i, "-i")
                 ids = set(value.split(","))
@@ -330,7 +634,7 @@ def run(argv, node=None):
         return 0, query_gpu(node, fields, fmt, ids), ""
     except Exit as exc:
         return exc.code, exc.out, exc.err
-    except RuntimeError as exc:   # no lab machine: like a host without the driver
+    except RuntimeError as exc:  # no lab machine: like a host without the driver
         return 9, DRIVER_NOT_LOADED, "lab: %s\n" % exc
 
 

@@ -16,12 +16,21 @@ Names, constant values, error classes and return shapes follow nvidia-ml-py 13.6
 * `nvmlDeviceGetPciInfo(h).busId` is a str `00000000:43:00.0`; strings are str.
 * A GPU bound to vfio-pci does not exist for NVML; the rest are indexed in PCI bus order.
 
+GPU health (the machine's health state, lab/hwmodel/health.py, read on every call so an
+injected fault shows at once): nvmlDeviceGetPersistenceMode, nvmlDeviceGetEccMode,
+nvmlDeviceGetTotalEccErrors, nvmlDeviceGetMemoryErrorCounter, nvmlDeviceGetRemappedRows,
+nvmlDeviceGetRetiredPages* (NotSupported: these GPUs remap rows), nvmlDeviceGetCurrentClocksEventReasons
+(and the older ...ThrottleReasons), nvmlDeviceGetGpuFabricInfo (filling a c_nvmlGpuFabricInfo_t),
+nvmlDeviceGetNvLinkState (FEATURE_DISABLED for a link that is down), nvmlDeviceGetNvLinkErrorCounter,
+nvmlDeviceGetPcieReplayCounter.
+
 Faults (profile `fault['gpu']` or $GPUFLEET_LAB_GPU_FAULT, as for nvidia-smi):
 `driver-not-loaded` -> nvmlInit raises NVMLError_DriverNotLoaded; `library-mismatch` ->
 NVMLError_LibRmVersionMismatch; `no-devices` -> a count of 0; `lost:<n>` -> the handle of model
 GPU n raises NVMLError_Unknown.  Without $GPUFLEET_LAB_ROOT nvmlInit raises
 NVMLError_LibraryNotFound, as on a host without the driver.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -51,7 +60,7 @@ NVML_TOPOLOGY_HOSTBRIDGE = 30
 NVML_TOPOLOGY_NODE = 40
 NVML_TOPOLOGY_CPU = NVML_TOPOLOGY_NODE
 NVML_TOPOLOGY_SYSTEM = 50
-NVML_P2P_CAPS_INDEX_READ = 0,   # sic: a tuple in nvidia-ml-py 13.615.71
+NVML_P2P_CAPS_INDEX_READ = (0,)  # sic: a tuple in nvidia-ml-py 13.615.71
 NVML_P2P_CAPS_INDEX_WRITE = 1
 NVML_P2P_CAPS_INDEX_NVLINK = 2
 NVML_P2P_CAPS_INDEX_ATOMICS = 3
@@ -68,6 +77,51 @@ NVML_P2P_STATUS_NOT_SUPPORTED = 5
 NVML_P2P_STATUS_UNKNOWN = 6
 NVML_AFFINITY_SCOPE_NODE = 0
 NVML_AFFINITY_SCOPE_SOCKET = 1
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+NVML_MEMORY_LOCATION_L1_CACHE = 0
+NVML_MEMORY_LOCATION_L2_CACHE = 1
+NVML_MEMORY_LOCATION_DRAM = 2
+NVML_MEMORY_LOCATION_DEVICE_MEMORY = 2
+NVML_MEMORY_LOCATION_REGISTER_FILE = 3
+NVML_MEMORY_LOCATION_TEXTURE_MEMORY = 4
+NVML_MEMORY_LOCATION_TEXTURE_SHM = 5
+NVML_MEMORY_LOCATION_CBU = 6
+NVML_MEMORY_LOCATION_SRAM = 7
+NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+NVML_NVLINK_ERROR_DL_REPLAY = 0
+NVML_NVLINK_ERROR_DL_RECOVERY = 1
+NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
+NVML_NVLINK_ERROR_DL_CRC_DATA = 3
+NVML_NVLINK_ERROR_DL_ECC_DATA = 4
+NVML_GPU_FABRIC_UUID_LEN = 16
+NVML_GPU_FABRIC_STATE_NOT_SUPPORTED = 0
+NVML_GPU_FABRIC_STATE_NOT_STARTED = 1
+NVML_GPU_FABRIC_STATE_IN_PROGRESS = 2
+NVML_GPU_FABRIC_STATE_COMPLETED = 3
+nvmlClocksEventReasonGpuIdle = 0x0000000000000001
+nvmlClocksEventReasonApplicationsClocksSetting = 0x0000000000000002
+nvmlClocksEventReasonSwPowerCap = 0x0000000000000004
+nvmlClocksEventReasonHwSlowdown = 0x0000000000000008
+nvmlClocksEventReasonSyncBoost = 0x0000000000000010
+nvmlClocksEventReasonSwThermalSlowdown = 0x0000000000000020
+nvmlClocksEventReasonHwThermalSlowdown = 0x0000000000000040
+nvmlClocksEventReasonHwPowerBrakeSlowdown = 0x0000000000000080
+nvmlClocksEventReasonDisplayClockSetting = 0x0000000000000100
+nvmlClocksEventReasonNone = 0x0000000000000000
+nvmlClocksThrottleReasonGpuIdle = nvmlClocksEventReasonGpuIdle
+nvmlClocksThrottleReasonApplicationsClocksSetting = nvmlClocksEventReasonApplicationsClocksSetting
+nvmlClocksThrottleReasonSwPowerCap = nvmlClocksEventReasonSwPowerCap
+nvmlClocksThrottleReasonHwSlowdown = nvmlClocksEventReasonHwSlowdown
+nvmlClocksThrottleReasonSyncBoost = nvmlClocksEventReasonSyncBoost
+nvmlClocksThrottleReasonSwThermalSlowdown = nvmlClocksEventReasonSwThermalSlowdown
+nvmlClocksThrottleReasonHwThermalSlowdown = nvmlClocksEventReasonHwThermalSlowdown
+nvmlClocksThrottleReasonHwPowerBrakeSlowdown = nvmlClocksEventReasonHwPowerBrakeSlowdown
+nvmlClocksThrottleReasonDisplayClockSetting = nvmlClocksEventReasonDisplayClockSetting
+nvmlClocksThrottleReasonNone = nvmlClocksEventReasonNone
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
@@ -95,8 +149,13 @@ NVML_ERROR_UNKNOWN = 999
 
 _P2P_MODE = {0: "read", 1: "write", 2: "nvlink", 3: "atomics", 4: "pcie"}
 _P2P_CODE = {"OK": 0, "CNS": 1, "GNS": 2, "TNS": 3, "DR": 4, "NS": 5, "U": 6}
-_LEVEL = {"PIX": NVML_TOPOLOGY_SINGLE, "PXB": NVML_TOPOLOGY_MULTIPLE, "PHB": NVML_TOPOLOGY_HOSTBRIDGE,
-          "NODE": NVML_TOPOLOGY_NODE, "SYS": NVML_TOPOLOGY_SYSTEM}
+_LEVEL = {
+    "PIX": NVML_TOPOLOGY_SINGLE,
+    "PXB": NVML_TOPOLOGY_MULTIPLE,
+    "PHB": NVML_TOPOLOGY_HOSTBRIDGE,
+    "NODE": NVML_TOPOLOGY_NODE,
+    "SYS": NVML_TOPOLOGY_SYSTEM,
+}
 
 
 # -- errors, built as nvidia-ml-py builds them ---------------------------------------------------
@@ -156,7 +215,9 @@ def _extractNVMLErrorsAsClasses():
         def gen_new(val):
             def new(typ, *args):
                 return NVMLError.__new__(typ, val)
+
             return new
+
         new_error_class = type(class_name, (NVMLError,), {"__new__": gen_new(err_val)})
         new_error_class.__module__ = __name__
         setattr(this_module, class_name, new_error_class)
@@ -170,7 +231,7 @@ _extractNVMLErrorsAsClasses()
 _state = {"refcount": 0, "node": None}
 
 
-class c_nvmlDevice_t(object):
+class c_nvmlDevice_t:
     """A device handle: the GPU record and its NVML index."""
 
     def __init__(self, index, gpu):
@@ -181,7 +242,7 @@ class c_nvmlDevice_t(object):
         return "<nvmlDevice %d %s>" % (self.index, self.gpu.bdf)
 
 
-class nvmlPciInfo_t(object):
+class nvmlPciInfo_t:
     def __init__(self, bdf, device_id):
         domain, bus, rest = bdf.split(":")
         dev, fn = rest.split(".")
@@ -195,7 +256,7 @@ class nvmlPciInfo_t(object):
         self.pciSubSystemId = 0
 
 
-class c_nvmlMemory_t(object):
+class c_nvmlMemory_t:
     def __init__(self, total, used):
         self.total = total
         self.used = used
@@ -376,7 +437,7 @@ def nvmlDeviceGetMemoryAffinity(handle, nodeSetSize, scope):
 
 def nvmlDeviceGetNumaNodeId(handle):
     _gpu(handle)
-    raise NVMLError(NVML_ERROR_NOT_SUPPORTED)   # only coherent (C2C) GPUs have their own node
+    raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # only coherent (C2C) GPUs have their own node
 
 
 def nvmlDeviceGetTopologyCommonAncestor(device1, device2):
@@ -408,8 +469,122 @@ def _nvlink(handle, link):
 
 
 def nvmlDeviceGetNvLinkState(device, link):
+    gpu = _nvlink(device, link)
+    return NVML_FEATURE_ENABLED if _node().nvlink_active(gpu.index, link) else NVML_FEATURE_DISABLED
+
+
+def nvmlDeviceGetNvLinkErrorCounter(device, link, counter):
     _nvlink(device, link)
+    if counter not in (
+        NVML_NVLINK_ERROR_DL_REPLAY,
+        NVML_NVLINK_ERROR_DL_RECOVERY,
+        NVML_NVLINK_ERROR_DL_CRC_FLIT,
+        NVML_NVLINK_ERROR_DL_CRC_DATA,
+        NVML_NVLINK_ERROR_DL_ECC_DATA,
+    ):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return 0
+
+
+# -- health -------------------------------------------------------------------------------------
+def _health(handle):
+    gpu = _gpu(handle)
+    return _node().gpu_health(gpu.index)
+
+
+def nvmlDeviceGetPersistenceMode(handle):
+    _gpu(handle)
     return NVML_FEATURE_ENABLED
+
+
+def nvmlDeviceGetEccMode(handle):
+    _gpu(handle)
+    return [NVML_FEATURE_ENABLED, NVML_FEATURE_ENABLED]
+
+
+def _ecc_counts(handle, counterType):
+    if counterType == NVML_VOLATILE_ECC:
+        return _health(handle)["ecc"]["volatile"]
+    if counterType == NVML_AGGREGATE_ECC:
+        return _health(handle)["ecc"]["aggregate"]
+    raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+
+
+def nvmlDeviceGetTotalEccErrors(handle, errorType, counterType):
+    counts = _ecc_counts(handle, counterType)
+    kind = {NVML_MEMORY_ERROR_TYPE_CORRECTED: "correctable", NVML_MEMORY_ERROR_TYPE_UNCORRECTED: "uncorrectable"}.get(
+        errorType
+    )
+    if kind is None:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return counts["sram_" + kind] + counts["dram_" + kind]
+
+
+def nvmlDeviceGetMemoryErrorCounter(handle, errorType, counterType, locationType):
+    counts = _ecc_counts(handle, counterType)
+    kind = {NVML_MEMORY_ERROR_TYPE_CORRECTED: "correctable", NVML_MEMORY_ERROR_TYPE_UNCORRECTED: "uncorrectable"}.get(
+        errorType
+    )
+    if kind is None:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    if locationType == NVML_MEMORY_LOCATION_DRAM:
+        return counts["dram_" + kind]
+    if locationType == NVML_MEMORY_LOCATION_SRAM:
+        return counts["sram_" + kind]
+    raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # Hopper/Ada count by DRAM and SRAM only
+
+
+def nvmlDeviceGetRemappedRows(device):
+    rows = _health(device)["remapped_rows"]
+    return (rows["correctable"], rows["uncorrectable"], int(rows["pending"]), int(rows["failure"]))
+
+
+def nvmlDeviceGetRetiredPages(device, sourceFilter):
+    _gpu(device)
+    raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # GPUs that remap rows do not retire pages
+
+
+def nvmlDeviceGetRetiredPagesPendingStatus(device):
+    _gpu(device)
+    raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(handle):
+    return _smi.clocks_event_mask(_node(), _gpu(handle))
+
+
+nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
+
+
+def nvmlDeviceGetPcieReplayCounter(handle):
+    _gpu(handle)
+    return 0
+
+
+class c_nvmlGpuFabricInfo_t:
+    """The fields of nvidia-ml-py's ctypes structure (clusterUuid, status, cliqueId, state)."""
+
+    def __init__(self):
+        self.clusterUuid = [0] * NVML_GPU_FABRIC_UUID_LEN
+        self.status = NVML_SUCCESS
+        self.cliqueId = 0
+        self.state = NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+
+
+def nvmlDeviceGetGpuFabricInfo(device, gpuFabricInfo):
+    """Fills gpuFabricInfo: NOT_SUPPORTED without NVSwitches, COMPLETED while the fabric manager
+    runs, IN_PROGRESS while it does not (as `nvidia-smi -q` shows under "Fabric")."""
+    _gpu(device)
+    active = _node().fabric_manager_active()
+    gpuFabricInfo.status = NVML_SUCCESS
+    if active is None:
+        gpuFabricInfo.state = NVML_GPU_FABRIC_STATE_NOT_SUPPORTED
+    elif active:
+        gpuFabricInfo.state = NVML_GPU_FABRIC_STATE_COMPLETED
+        gpuFabricInfo.clusterUuid = list(range(1, NVML_GPU_FABRIC_UUID_LEN + 1))
+    else:
+        gpuFabricInfo.state = NVML_GPU_FABRIC_STATE_IN_PROGRESS
+    return NVML_SUCCESS
 
 
 def nvmlDeviceGetNvLinkVersion(device, link):

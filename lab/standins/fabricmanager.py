@@ -1,0 +1,53 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""`nv-fabricmanager` for a lab machine: the NVSwitch fabric manager's service, as a stand-in.
+
+Run by the node's `nvidia-fabricmanager.service` (lab/hwmodel/units.py) on NVSwitch profiles.
+Started, it registers the GPUs with the fabric (the machine's health state says the fabric
+manager is active: `nvidia-smi -q` and NVML report the GPUs' fabric state Completed/Success) and
+stays in the foreground; stopped (SIGTERM, `systemctl stop`), it marks itself inactive (the GPUs'
+fabric state drops to In Progress) and exits 0.  Like the real daemon it refuses to run on a
+machine without NVSwitches.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+from lab.hwmodel import Node
+
+NO_SWITCH = (
+    "NVIDIA Fabric Manager: no NVSwitch devices found; this system does not need the fabric manager (lab stand-in)\n"
+)
+
+
+def main(argv=None):
+    try:
+        node = Node.load()
+    except RuntimeError as exc:
+        sys.stderr.write("nv-fabricmanager (lab): %s\n" % exc)
+        return 1
+    if node.fabric_manager_active() is None:
+        sys.stderr.write(NO_SWITCH)
+        return 1
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
+    node.set_fabric_manager(True)
+    sys.stdout.write(
+        "Successfully configured all the available NVSwitches to route GPU NVLink traffic. "
+        "NVLink Peer-to-Peer support will be enabled once the GPUs are successfully registered "
+        "with the NVLink fabric.\n"
+    )
+    sys.stdout.flush()
+    try:
+        while not stopping:
+            time.sleep(0.5)
+    finally:
+        node.set_fabric_manager(False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

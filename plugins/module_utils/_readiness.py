@@ -7,11 +7,21 @@ node_readiness_info module (nccl_gate, lb_registration, validate.yml) and by the
 agent (copied beside it onto the node). Plain Python 3 standard library, no Ansible.
 
 The rule: the readiness marker (JSON, under /run) exists, carries the CURRENT boot id, and says
-``"passed": true`` (a JSON true, nothing truthy).
+``"passed": true`` (a JSON true, nothing truthy); and no GPU health verdict of the current boot
+says otherwise. The GPU health verdict (``gpu-health.json`` beside the marker, written by the
+gpu_health role at every boot and by the node's gpufleet-gpu-health-watch when a GPU fails while
+serving) counts only when it carries the current boot id: then anything but ``"passed": true``
+keeps the node out, as does a verdict file that cannot be read. No verdict, or one of an earlier
+boot, leaves the decision to the gate's marker.
 """
+
 from __future__ import annotations
 
 import json
+import os
+
+#: The GPU health verdict's file name, beside the gate's marker.
+HEALTH_FILE = "gpu-health.json"
 
 
 def read_boot_id(path):
@@ -48,18 +58,64 @@ def marker_reasons(marker, problem, boot_id, path):
     return []
 
 
-def agent_answer(marker_path, boot_id_path):
+def health_path_for(marker_path):
+    """Where the GPU health verdict lives: ``gpu-health.json`` in the marker's directory."""
+    return os.path.join(os.path.dirname(marker_path) or ".", HEALTH_FILE)
+
+
+def read_health(path):
+    """``(verdict, problem)`` of the GPU health verdict file, as :func:`read_marker`."""
+    try:
+        with open(path) as f:
+            verdict = json.load(f)
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as exc:
+        return None, f"unreadable GPU health verdict at {path}: {exc}"
+    if not isinstance(verdict, dict):
+        return None, f"unreadable GPU health verdict at {path}: not a JSON object"
+    return verdict, None
+
+
+def health_failures(verdict):
+    """``name: reason (action)`` of each failed check of a verdict (its ``reason`` when it lists none)."""
+    failed = [c for c in verdict.get("checks") or [] if isinstance(c, dict) and c.get("status", "fail") == "fail"]
+    if not failed:
+        return [verdict.get("reason") or "no reason recorded"]
+    return [
+        f"{c.get('name', '?')}: {c.get('reason') or 'no reason recorded'} (action: {c.get('action') or '?'})"
+        for c in failed
+    ]
+
+
+def health_reasons(verdict, problem, boot_id, path):
+    """Why the GPU health verdict keeps the node out; [] when it does not (no verdict, one of
+    another boot, or ``"passed": true``)."""
+    if problem:
+        return [problem]
+    if verdict is None or verdict.get("boot_id") != boot_id or verdict.get("passed") is True:
+        return []
+    source = verdict.get("source") or "?"
+    return [f"GPU health failed ({source}): " + "; ".join(health_failures(verdict))]
+
+
+def agent_answer(marker_path, boot_id_path, health_path=None):
     """The HAProxy agent's one line (without its end): ``up``, or ``down #<why>``.
 
-    HAProxy wants a space before the ``#`` of the description (``down#why`` is read as an unknown
-    word and ignored), and reads one line.
+    ``health_path`` defaults to :func:`health_path_for` the marker. HAProxy wants a space before
+    the ``#`` of the description (``down#why`` is read as an unknown word and ignored), and reads
+    one line.
     """
+    if health_path is None:
+        health_path = health_path_for(marker_path)
     try:
         boot_id = read_boot_id(boot_id_path)
     except OSError as exc:
         reasons = [f"cannot read the boot id at {boot_id_path}: {exc.strerror or exc}"]
     else:
-        reasons = marker_reasons(*read_marker(marker_path), boot_id, marker_path)
+        reasons = health_reasons(*read_health(health_path), boot_id, health_path) + marker_reasons(
+            *read_marker(marker_path), boot_id, marker_path
+        )
     if not reasons:
         return "up"
     return "down #" + " ".join("; ".join(reasons).split())[:200]

@@ -16,6 +16,10 @@ description:
   - The marker lets a node take traffic only when it carries the CURRENT boot id and says
     C(passed) (a JSON true). The same rule answers the balancer's agent checks on the node
     (role gpufleet.node.lb_registration).
+  - A GPU health verdict of the current boot (O(health_path), written by role
+    gpufleet.node.gpu_health and by its watcher while the node serves) that does not say
+    C(passed) keeps the node out too, with its failed checks, their reasons and actions as the
+    reason. No verdict, or one of an earlier boot, leaves the decision to the marker.
   - One module run instead of a task per file and URL; read-only.
 author:
   - gpufleet.node developers (@gpufleet)
@@ -24,12 +28,17 @@ options:
     description: The NCCL gate's readiness marker (JSON, written by role gpufleet.node.nccl_gate).
     type: path
     required: true
+  health_path:
+    description:
+      - The GPU health verdict (JSON with C(boot_id), C(passed), C(checks)).
+      - Default, C(gpu-health.json) in the directory of O(marker_path).
+    type: path
   boot_id_path:
     description: Where the current boot id is read.
     type: path
     default: /proc/sys/kernel/random/boot_id
   health_url:
-    description: The server's health URL; must answer 200. Not asked when omitted.
+    description: The server's health URL (http or https only); must answer 200. Not asked when omitted.
     type: str
   models_url:
     description: The server's OpenAI models URL; must list O(model). Not asked when omitted.
@@ -41,16 +50,19 @@ options:
     description: Bearer token for O(models_url) (vLLM's C(--api-key)). Never logged.
     type: str
   timeout:
-    description: Seconds to wait for each URL.
+    description: Seconds each URL may take in all - connect, headers and body (an overall deadline, not per read).
     type: float
     default: 5.0
-attributes:
-  check_mode:
-    support: full
-    description: The module only reads; it behaves the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing is changed, so there is no diff.
+  max_bytes:
+    description: Most bytes read of each answer; a larger answer counts as no answer.
+    type: int
+    default: 1048576
+  validate_certs:
+    description: Verify the TLS certificate of the node's server (https URLs).
+    type: bool
+    default: true
+extends_documentation_fragment:
+  - gpufleet.node.attributes.read_only
 seealso:
   - module: gpufleet.node.nccl_allreduce
   - module: gpufleet.node.haproxy_pool_member
@@ -81,6 +93,10 @@ marker:
   description: The marker as written by the gate, or an empty dict when there is none (or it is unreadable).
   returned: always
   type: dict
+gpu_health:
+  description: The GPU health verdict as written, or an empty dict when there is none (or it is unreadable).
+  returned: always
+  type: dict
 marker_current:
   description: Whether the marker is from this boot and says passed.
   returned: always
@@ -109,36 +125,50 @@ ready:
 import json
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.urls import open_url
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _readiness
+from ansible_collections.gpufleet.node.plugins.module_utils import _http, _readiness
 
 
-def _get(url, timeout, headers=None):
-    """(status, body, error): status -1 and the error when nothing usable answered."""
+def _get(url, p, headers=None):
+    """(status, body, error): status -1 and the error when nothing usable answered (one bounded
+    GET: http/https only, an overall deadline, a size limit)."""
     try:
-        resp = open_url(url, timeout=timeout, headers=headers or {}, follow_redirects="safe")
-        return resp.getcode(), resp.read(), None
-    except Exception as exc:  # HTTPError carries a status; anything else did not answer
-        status = getattr(exc, "code", None)
-        return (status if isinstance(status, int) else -1), b"", str(getattr(exc, "reason", None) or exc)
+        status, body = _http.get(
+            url,
+            headers=headers,
+            timeout=p["timeout"],
+            max_bytes=p["max_bytes"],
+            validate_certs=p["validate_certs"],
+            follow_redirects=True,
+        )
+        return status, body, None
+    except _http.HttpError as exc:
+        return -1, b"", exc.what
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             marker_path=dict(type="path", required=True),
+            health_path=dict(type="path"),
             boot_id_path=dict(type="path", default="/proc/sys/kernel/random/boot_id"),
             health_url=dict(type="str"),
             models_url=dict(type="str"),
             model=dict(type="str"),
             api_key=dict(type="str", no_log=True),
-            timeout=dict(type="float", default=5.0),
+            **_http.argument_spec(timeout=5.0, max_bytes=1024 * 1024),
         ),
         required_by={"models_url": "model"},
         supports_check_mode=True,
     )
     p = module.params
+    try:
+        _http.check_limits(p["timeout"], p["max_bytes"])
+        for name in ("health_url", "models_url"):
+            if p[name]:
+                _http.check_url(p[name])
+    except (_http.HttpError, ValueError) as exc:
+        module.fail_json(msg=f"{exc}")
     try:
         boot_id = _readiness.read_boot_id(p["boot_id_path"])
     except OSError as exc:
@@ -146,28 +176,44 @@ def main():
     marker, problem = _readiness.read_marker(p["marker_path"])
     reasons = _readiness.marker_reasons(marker, problem, boot_id, p["marker_path"])
     marker_current = not reasons
+    health_path = p["health_path"] or _readiness.health_path_for(p["marker_path"])
+    health, health_problem = _readiness.read_health(health_path)
+    reasons = _readiness.health_reasons(health, health_problem, boot_id, health_path) + reasons
 
     health_status = None
     if p["health_url"]:
-        health_status, _body, error = _get(p["health_url"], p["timeout"])
+        health_status, _body, error = _get(p["health_url"], p)
         if health_status != 200:
-            reasons.append(f"the server is not healthy: {p['health_url']} answered "
-                           f"{health_status if health_status > 0 else error or 'nothing'}")
+            reasons.append(
+                f"the server is not healthy: {p['health_url']} answered "
+                f"{health_status if health_status > 0 else error or 'nothing'}"
+            )
 
     models = []
     if p["models_url"]:
         headers = {"Authorization": f"Bearer {p['api_key']}"} if p["api_key"] else {}
-        status, body, error = _get(p["models_url"], p["timeout"], headers)
+        status, body, error = _get(p["models_url"], p, headers)
         try:
             models = [m["id"] for m in json.loads(body)["data"]] if status == 200 else []
         except (ValueError, KeyError, TypeError):
             models = []
         if p["model"] not in models:
-            listed = ", ".join(models) or ("nothing" if status == 200 else f"nothing: {status if status > 0 else error}")
+            listed = ", ".join(models) or (
+                "nothing" if status == 200 else f"nothing: {status if status > 0 else error}"
+            )
             reasons.append(f"the server does not list model {p['model']} on /v1/models (it lists: {listed})")
 
-    module.exit_json(changed=False, boot_id=boot_id, marker=marker or {}, marker_current=marker_current,
-                     health_status=health_status, models=models, reasons=reasons, ready=not reasons)
+    module.exit_json(
+        changed=False,
+        boot_id=boot_id,
+        marker=marker or {},
+        gpu_health=health or {},
+        marker_current=marker_current,
+        health_status=health_status,
+        models=models,
+        reasons=reasons,
+        ready=not reasons,
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,426 @@
+# -*- coding: utf-8 -*-
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""gpufleet-gpu-health-watch: takes a serving node out of rotation when a GPU fails.
+
+Run by gpufleet-gpu-health-watch.service (installed by the gpufleet.node.gpu_health role). It
+follows this boot's kernel log (``journalctl -k -b -f``, or a file such as a lab machine's) for
+NVRM Xid and NVSwitch SXid lines, and polls ``nvidia-smi -q`` every few seconds for pending or
+failed row remapping, pending page retirement and volatile uncorrectable ECC errors. The checks
+are gpufleet.node's own (``_health.py``: the XID table, the kernel-log parser, the row-remap, ECC
+and retired-page checks, with the gpu_health role's thresholds).
+
+On a failure it writes the GPU health verdict of this boot (``passed: false``, the failed checks
+with their reasons and actions) atomically to ``--verdict`` and logs why. The node's HAProxy
+agent (``_readiness.py``, the same rule as ``node_readiness_info``) then answers ``down``: the
+balancer stops sending traffic at its next agent check. Nothing is restarted. The watcher never
+writes a pass: the gpu_health role does, when it judges the node again (boot validation).
+
+Kernel events are final for the boot (as for the role's check); the GPU conditions are judged as
+they are now. A verdict rewritten by someone else while a failure stands is written again.
+
+    python3 /usr/local/lib/gpufleet/gpu-health-watch/gpufleet_gpu_health_watch.py \\
+        --verdict /run/gpufleet/gpu-health.json [--kernel-log FILE] [--nvidia-smi PATH] [--once]
+
+Exit status: 0 (``--once``: no failure), 1 (``--once``: a failure, verdict written), 2 (bad
+arguments or the collection's code missing beside this file).
+"""
+
+import argparse
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import types
+
+PACKAGE = "ansible_collections.gpufleet.node.plugins.module_utils"
+SOURCE = "gpu-health-watch"
+
+
+def log(message):
+    print(message, flush=True)
+
+
+def load_rules(lib_dir):
+    """The collection's ``_health``, ``_nvsmi``, ``_nvsmi_q``, ``_proc`` and ``_readiness``, from
+    the copies the role installs in ``lib_dir`` (they import each other by the collection's
+    package name, which is mapped onto ``lib_dir`` here; no Ansible needed)."""
+    if PACKAGE not in sys.modules:
+        parts = PACKAGE.split(".")
+        for depth in range(1, len(parts) + 1):
+            name = ".".join(parts[:depth])
+            if name not in sys.modules:
+                module = types.ModuleType(name)
+                module.__path__ = []
+                sys.modules[name] = module
+                if depth > 1:
+                    setattr(sys.modules[".".join(parts[: depth - 1])], parts[depth - 1], module)
+        sys.modules[PACKAGE].__path__ = [os.path.abspath(lib_dir)]
+    import importlib
+
+    return types.SimpleNamespace(
+        **{
+            name: importlib.import_module("%s.%s" % (PACKAGE, name))
+            for name in ("_health", "_nvsmi", "_nvsmi_q", "_proc", "_readiness")
+        }
+    )
+
+
+def atomic_write(path, text, mode=0o644):
+    """Replace ``path`` with ``text``: a fresh mkstemp file in the same directory (never a planted
+    symlink), mode set on the descriptor, fsync, then rename over ``path``, then fsync the
+    directory. A reader sees the old verdict or the new one, never part of one."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".%s." % os.path.basename(path), suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            os.fchmod(handle.fileno(), mode)
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
+class FileLog:
+    """New complete lines of a kernel-log file, from its start; a file that shrinks or is
+    replaced (a new boot's log) is read again from its start (``reset`` says so)."""
+
+    def __init__(self, path):
+        self.path = path
+        self.handle = None
+        self.inode = None
+        self.partial = ""
+
+    def read(self):
+        """``(lines, reset)``."""
+        reset = False
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return [], False
+        if self.handle is not None and (st.st_ino != self.inode or st.st_size < self.handle.tell()):
+            self.handle.close()
+            self.handle = None
+            reset = True
+        if self.handle is None:
+            try:
+                self.handle = open(self.path, "rb")
+            except OSError:
+                return [], reset
+            self.inode = st.st_ino
+            self.partial = ""
+        data = self.handle.read()
+        if not data:
+            return [], reset
+        text = self.partial + data.decode("utf-8", "replace")
+        lines = text.split("\n")
+        self.partial = lines.pop()
+        return lines, reset
+
+
+class JournalLog:
+    """This boot's kernel messages from ``journalctl -k -b -f -n all`` (the whole boot first, then
+    each new one), read by a thread; journalctl is started again if it exits."""
+
+    def __init__(self, journalctl):
+        self.argv = [journalctl, "-k", "-b", "-f", "-n", "all", "-o", "short-precise", "--no-pager"]
+        self.lines = queue.Queue()
+        thread = threading.Thread(target=self._follow, name="journal", daemon=True)
+        thread.start()
+
+    def _follow(self):
+        while True:
+            try:
+                proc = subprocess.Popen(
+                    self.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    env=dict(os.environ, LC_ALL="C"),
+                )
+            except OSError as exc:
+                log("cannot run %s: %s; trying again in 10 s" % (self.argv[0], exc))
+                time.sleep(10)
+                continue
+            for raw in proc.stdout:
+                self.lines.put(raw.decode("utf-8", "replace").rstrip("\n"))
+            proc.wait()
+            log("`%s` exited %s; following the kernel log again" % (" ".join(self.argv), proc.returncode))
+            time.sleep(2)
+
+    def read(self):
+        lines = []
+        while True:
+            try:
+                lines.append(self.lines.get_nowait())
+            except queue.Empty:
+                return lines, False
+
+
+class JournalBoot:
+    """This boot's kernel messages so far (``journalctl -k -b``), for ``--once``."""
+
+    def __init__(self, rules, journalctl, timeout):
+        self.rules, self.timeout = rules, timeout
+        self.argv = [journalctl, "-k", "-b", "-o", "short-precise", "--no-pager"]
+
+    def read(self):
+        result = self.rules._proc.run(self.argv, self.timeout, environment={"LC_ALL": "C"})
+        if result.timed_out or result.rc != 0:
+            raise SystemExit("`%s` failed: %s" % (" ".join(self.argv), (result.stderr or "timed out").strip()))
+        return (result.stdout or "").splitlines(), False
+
+
+class GpuPoller:
+    """``nvidia-smi -q`` every ``interval`` seconds in a thread (a slow or hung nvidia-smi never
+    delays the kernel log); ``latest()`` is ``(gpus, error)`` of the last poll, ``consecutive
+    errors``."""
+
+    def __init__(self, rules, binary, interval, timeout):
+        self.rules, self.binary, self.interval, self.timeout = rules, binary, interval, timeout
+        self.lock = threading.Lock()
+        self.state = (None, None, 0)
+        self.polled = threading.Event()
+
+    def start(self):
+        threading.Thread(target=self._loop, name="nvidia-smi", daemon=True).start()
+
+    def _loop(self):
+        while True:
+            started = time.monotonic()
+            self.poll()
+            time.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+
+    def poll(self):
+        gpus, error = self._query()
+        with self.lock:
+            _old_gpus, _old_error, errors = self.state
+            self.state = (gpus, error, errors + 1 if error else 0)
+        self.polled.set()
+
+    def _query(self):
+        rules = self.rules
+        argv = [self.binary, "-q"]
+        try:
+            result = rules._proc.run(argv, self.timeout, environment={"LC_ALL": "C"})
+        except OSError as exc:
+            return None, "cannot run %s: %s" % (self.binary, exc)
+        if result.timed_out:
+            return None, rules._proc.describe_timeout(argv, self.timeout)
+        text = (result.stdout or "") + "\n" + (result.stderr or "")
+        try:
+            rules._nvsmi.check_failure(text)
+            if rules._nvsmi.no_devices(text):
+                return None, "`%s` finds no GPU" % " ".join(argv)
+            if result.rc != 0:
+                return None, "`%s` exited %s: %s" % (" ".join(argv), result.rc, text.strip()[-300:])
+            return rules._nvsmi_q.parse_query(result.stdout)["gpus"], None
+        except (rules._nvsmi.NvidiaSmiError, rules._nvsmi.NvidiaSmiParseError) as exc:
+            return None, str(exc)
+
+    def latest(self):
+        with self.lock:
+            return self.state
+
+
+class Watch:
+    """The judgement: fatal kernel events of this boot, and the GPUs as last polled."""
+
+    def __init__(self, rules, args):
+        self.rules, self.args = rules, args
+        self.xids, self.sxids = {}, {}
+        self.carry = []
+        self.bus_ids = []
+        self.written = None
+        self.warned = set()
+
+    def feed(self, lines, reset=False):
+        """Take new kernel-log lines (``reset``: a new log, forget the old events)."""
+        if reset:
+            self.xids, self.sxids, self.carry = {}, {}, []
+        if not lines:
+            return
+        # A few lines of the previous read go again: the loss of a GPU is printed over several
+        # lines; events seen twice count once.
+        xids, sxids = self.rules._health.parse_kernel_log("\n".join(self.carry + lines))
+        self.carry = (self.carry + lines)[-4:]
+        for store, events in ((self.xids, xids), (self.sxids, sxids)):
+            for event in events:
+                store.setdefault((event["bdf"], event["code"]), event)
+
+    def failures(self, gpus, error, errors):
+        health = self.rules._health
+        if gpus:
+            self.bus_ids = [g["bus_id"] for g in gpus]
+        # Fatal and other events judged apart: the verdict's reason names the fatal ones only.
+        codes = self.args.sxid_fatal_code
+        fatal_xids = [e for e in self.xids.values() if health.xid_verdict(e)[0] == health.FAIL]
+        fatal_sxids = [e for e in self.sxids.values() if health.sxid_verdict(e, codes)[0] == health.FAIL]
+        checks = [
+            health.check_xid([e for e in self.xids.values() if e not in fatal_xids], self.bus_ids),
+            health.check_sxid([e for e in self.sxids.values() if e not in fatal_sxids], codes),
+            health.check_xid(fatal_xids, self.bus_ids),
+            health.check_sxid(fatal_sxids, codes),
+        ]
+        if gpus is not None:
+            checks += [
+                health.check_row_remap(gpus),
+                health.check_ecc(gpus, self.args.ecc_volatile_uncorrectable_max),
+                health.check_retired_pages(gpus, self.args.retired_pages_max),
+            ]
+        elif error and errors >= self.args.nvidia_smi_failures:
+            checks.append(
+                health.check("nvidia_smi", health.FAIL, [], "%s (%d polls in a row)" % (error, errors), health.REBOOT)
+            )
+        for c in checks:
+            if c["status"] == health.WARN and (c["name"], c["reason"]) not in self.warned:
+                self.warned.add((c["name"], c["reason"]))
+                log("GPU health warning, the node stays in rotation: %s: %s" % (c["name"], c["reason"]))
+        return [c for c in checks if c["status"] == health.FAIL]
+
+    def enforce(self, failed):
+        """Write the failing verdict when there is a failure and the file does not say so."""
+        if not failed:
+            return False
+        rules, path = self.rules, self.args.verdict
+        try:
+            boot_id = rules._readiness.read_boot_id(self.args.boot_id)
+        except OSError as exc:
+            boot_id = None
+            log("cannot read the boot id at %s: %s" % (self.args.boot_id, exc))
+        current, _problem = rules._readiness.read_health(path)
+        summary = [(c["name"], c["reason"]) for c in failed]
+        if (
+            current
+            and current.get("boot_id") == boot_id
+            and current.get("passed") is False
+            and current.get("source") == SOURCE
+            and self.written == summary
+        ):
+            return True
+        verdict = {
+            "boot_id": boot_id,
+            "passed": False,
+            "source": SOURCE,
+            "checks": failed,
+            "reason": "; ".join("%s: %s" % (c["name"], c["reason"]) for c in failed),
+            "timestamp": round(time.time(), 3),
+        }
+        atomic_write(path, json.dumps(verdict, indent=2, sort_keys=True) + "\n")
+        if self.written != summary:
+            for c in failed:
+                log(
+                    "GPU health failed, taking the node out of rotation: %s: %s (action: %s)"
+                    % (c["name"], c["reason"], c["action"])
+                )
+        else:
+            log("GPU health verdict at %s was rewritten while the failure stands; written again" % path)
+        self.written = summary
+        return True
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--verdict", required=True, help="the GPU health verdict file (JSON, under /run)")
+    parser.add_argument("--boot-id", default="/proc/sys/kernel/random/boot_id")
+    parser.add_argument("--kernel-log", help="a file of kernel messages to follow instead of journalctl -k")
+    parser.add_argument("--nvidia-smi", help="nvidia-smi (default: looked up on PATH)")
+    parser.add_argument(
+        "--lib-dir",
+        default=os.path.dirname(os.path.abspath(__file__)),
+        help="where the collection's module_utils copies are (default: beside this file)",
+    )
+    parser.add_argument("--log-interval", type=float, default=1.0, help="seconds between reads of the kernel log")
+    parser.add_argument("--gpu-interval", type=float, default=5.0, help="seconds between nvidia-smi polls")
+    parser.add_argument("--timeout", type=float, default=20.0, help="seconds one nvidia-smi may take")
+    parser.add_argument(
+        "--nvidia-smi-failures", type=int, default=3, help="nvidia-smi polls failing in a row that take the node out"
+    )
+    parser.add_argument(
+        "--ecc-volatile-uncorrectable-max", type=int, help="default: gpu_health_info's (_health.DEFAULT_THRESHOLDS)"
+    )
+    parser.add_argument("--retired-pages-max", type=int, help="default: gpu_health_info's")
+    parser.add_argument("--sxid-fatal-code", type=int, action="append", default=[])
+    parser.add_argument("--no-gpu-poll", action="store_true", help="follow the kernel log only")
+    parser.add_argument("--once", action="store_true", help="judge once (whole log, one poll) and exit")
+    args = parser.parse_args(argv)
+    if args.log_interval <= 0 or args.gpu_interval <= 0 or args.timeout <= 0 or args.nvidia_smi_failures < 1:
+        parser.error("intervals and --timeout must be positive, --nvidia-smi-failures at least 1")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        rules = load_rules(args.lib_dir)
+    except ImportError as exc:
+        log(
+            "cannot load gpufleet.node's health rules from %s: %s (the gpu_health role installs them)"
+            % (args.lib_dir, exc)
+        )
+        return 2
+    for name in ("ecc_volatile_uncorrectable_max", "retired_pages_max"):
+        if getattr(args, name) is None:
+            setattr(args, name, rules._health.DEFAULT_THRESHOLDS[name])
+    source = FileLog(args.kernel_log) if args.kernel_log else None
+    if source is None:
+        journalctl = shutil.which("journalctl")
+        if journalctl is None:
+            log("journalctl is not installed: give --kernel-log FILE")
+            return 2
+        source = JournalBoot(rules, journalctl, args.timeout) if args.once else JournalLog(journalctl)
+    poller = None
+    if not args.no_gpu_poll:
+        binary = args.nvidia_smi or shutil.which(
+            "nvidia-smi", path=os.environ.get("PATH", "") + ":/usr/bin:/usr/local/bin"
+        )
+        if binary is None:
+            log("nvidia-smi is not on PATH: give --nvidia-smi PATH, or --no-gpu-poll")
+            return 2
+        poller = GpuPoller(rules, binary, args.gpu_interval, args.timeout)
+    watch = Watch(rules, args)
+    log(
+        "watching %s%s; verdict at %s"
+        % (
+            args.kernel_log or "the kernel journal of this boot",
+            " and `%s -q` every %g s" % (poller.binary, args.gpu_interval) if poller else "",
+            args.verdict,
+        )
+    )
+    if args.once:
+        watch.feed(*source.read())
+        if poller:
+            poller.poll()
+        failed = watch.failures(*(poller.latest() if poller else (None, None, 0)))
+        return 1 if watch.enforce(failed) else 0
+    if poller:
+        poller.start()
+    while True:
+        watch.feed(*source.read())
+        watch.enforce(watch.failures(*(poller.latest() if poller else (None, None, 0))))
+        time.sleep(args.log_interval)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""gpufleet-gpu-health-watch (roles/gpu_health/files): the watcher that takes a serving node out
+of rotation. As installed (the script with the role's copies of the collection's rules beside it,
+run by a bare Python) it writes a failing verdict within its intervals of an XID line appended to
+the kernel log or a pending row remap in `nvidia-smi -q`, and the node's HAProxy agent rule then
+answers `down`; its judgement in-process for the edge cases."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from ansible_collections.gpufleet.node.plugins.module_utils import _health, _readiness  # noqa: F401 (loaded first)
+from tests.support import REPO
+
+ROLE = REPO / "roles" / "gpu_health"
+WATCHER = ROLE / "files" / "gpufleet_gpu_health_watch.py"
+LIBS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["__gpu_health_watch_libs"]
+H100 = (REPO / "tests" / "data" / "nvidia-smi-q" / "h100-hbm3-535.183.01.txt").read_text()
+PENDING = H100.replace(
+    "        Pending                           : No\n        Remapping",
+    "        Pending                           : Yes\n        Remapping",
+)
+BOOT = "5d2c6f0e-8a51-4c11-a3f0-6a2b1f0e9c77"
+BANNER = "[    0.000000] Linux version 6.8.0-49-generic (buildd@lcy02-amd64-046)\n"
+XID_79 = "[ 8123.456789] NVRM: Xid (PCI:0000:53:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+XID_13 = "[ 8120.000001] NVRM: Xid (PCI:0000:53:00): 13, pid=4242, name=python3, Graphics Exception\n"
+
+spec = importlib.util.spec_from_file_location("gpufleet_gpu_health_watch", WATCHER)
+watch = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(watch)
+
+
+def smi(tmp_path, text, name="nvidia-smi"):
+    (tmp_path / f"{name}.txt").write_text(text)
+    binary = tmp_path / name
+    binary.write_text(f'#!/bin/sh\n[ "$1" = "-q" ] || exit 2\ncat {tmp_path}/{name}.txt\n')
+    binary.chmod(0o755)
+    return binary
+
+
+@pytest.fixture
+def node(tmp_path):
+    """A node's files: boot id, kernel log, the installed watcher (script and the role's copies)."""
+    (tmp_path / "boot_id").write_text(BOOT + "\n")
+    (tmp_path / "kern.log").write_text(BANNER)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    shutil.copy(WATCHER, lib)
+    for name in LIBS:
+        shutil.copy(REPO / "plugins" / "module_utils" / name, lib)
+    (tmp_path / "run").mkdir()
+    return tmp_path
+
+
+def argv(node, *extra):
+    return [
+        sys.executable,
+        "-I",
+        str(node / "lib" / WATCHER.name),
+        "--verdict",
+        str(node / "run" / "gpu-health.json"),
+        "--boot-id",
+        str(node / "boot_id"),
+        "--kernel-log",
+        str(node / "kern.log"),
+        *extra,
+    ]
+
+
+def agent(node):
+    return _readiness.agent_answer(str(node / "run" / "nccl-gate.json"), str(node / "boot_id"))
+
+
+def wait_for_verdict(node, proc, deadline):
+    path = node / "run" / "gpu-health.json"
+    while time.monotonic() < deadline:
+        if path.exists():
+            return json.loads(path.read_text())
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    return None
+
+
+@pytest.fixture
+def started():
+    procs = []
+
+    def start(args):
+        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        return procs[-1]
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def pass_marker(node):
+    (node / "run" / "nccl-gate.json").write_text(json.dumps({"boot_id": BOOT, "passed": True}))
+
+
+def test_an_xid_line_appended_takes_the_node_out_within_the_log_interval(node, started):
+    pass_marker(node)
+    proc = started(argv(node, "--no-gpu-poll", "--log-interval", "0.5"))
+    time.sleep(1.5)  # started, and has read the healthy log
+    assert not (node / "run" / "gpu-health.json").exists() and agent(node) == "up"
+    with (node / "kern.log").open("a") as log:
+        log.write(XID_13)  # an application fault: logged, the node stays in
+    time.sleep(1.2)
+    assert not (node / "run" / "gpu-health.json").exists() and agent(node) == "up"
+    appended = time.monotonic()
+    with (node / "kern.log").open("a") as log:
+        log.write(XID_79)
+    verdict = wait_for_verdict(node, proc, appended + 3)
+    assert verdict is not None, "no verdict within 3 s of the XID line"
+    assert verdict["boot_id"] == BOOT and verdict["passed"] is False and verdict["source"] == "gpu-health-watch"
+    assert [(c["name"], c["action"]) for c in verdict["checks"]] == [("xid", "reboot")]
+    assert agent(node).startswith(
+        "down #GPU health failed (gpu-health-watch): xid: XID 79 on 0000:53:00.0 (GPU has fallen off the bus, fail)"
+    )
+    proc.kill()
+    out = proc.communicate()[0]
+    assert "GPU health warning, the node stays in rotation: xid: XID 13" in out
+    assert "GPU health failed, taking the node out of rotation: xid: XID 79 on 0000:53:00.0" in out
+    assert "(action: reboot)" in out
+    assert sorted(p.name for p in (node / "run").iterdir()) == ["gpu-health.json", "nccl-gate.json"]
+
+
+def test_a_pending_row_remap_takes_the_node_out_within_the_poll_interval(node, started):
+    pass_marker(node)
+    binary = smi(node, H100)
+    proc = started(argv(node, "--nvidia-smi", str(binary), "--gpu-interval", "1", "--log-interval", "0.2"))
+    time.sleep(2.5)
+    assert not (node / "run" / "gpu-health.json").exists() and agent(node) == "up"
+    (node / "nvidia-smi.txt").write_text(PENDING)
+    changed = time.monotonic()
+    verdict = wait_for_verdict(node, proc, changed + 4)
+    assert verdict is not None, "no verdict within 4 s of the pending remap"
+    assert [(c["name"], c["gpus"], c["action"]) for c in verdict["checks"]] == [
+        ("row_remap", ["0000:53:00.0"], "reset the GPU")
+    ]
+    assert agent(node).startswith("down #GPU health failed (gpu-health-watch): row_remap: row remapping pending")
+
+
+def test_once_judges_the_whole_boot_and_says_so_in_its_exit_status(node):
+    binary = smi(node, H100)
+    healthy = subprocess.run(argv(node, "--nvidia-smi", str(binary), "--once"), capture_output=True, text=True)
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    assert not (node / "run" / "gpu-health.json").exists()
+    # An XID of an earlier boot (before the banner) does not count; one of this boot does.
+    (node / "kern.log").write_text(XID_79 + BANNER)
+    assert subprocess.run(argv(node, "--nvidia-smi", str(binary), "--once"), capture_output=True).returncode == 0
+    (node / "kern.log").write_text(BANNER + XID_79)
+    failed = subprocess.run(argv(node, "--nvidia-smi", str(binary), "--once"), capture_output=True, text=True)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert json.loads((node / "run" / "gpu-health.json").read_text())["checks"][0]["name"] == "xid"
+
+
+def test_missing_rules_beside_the_watcher_is_a_clear_error(node):
+    (node / "lib" / "_nvsmi_q.py").unlink()
+    proc = subprocess.run(argv(node, "--no-gpu-poll", "--once"), capture_output=True, text=True)
+    assert proc.returncode == 2 and "cannot load gpufleet.node's health rules" in proc.stdout
+
+
+# -- in-process: the judgement ------------------------------------------------------------------
+def judge(node, **extra):
+    args = watch.parse_args(
+        ["--verdict", str(node / "run" / "gpu-health.json"), "--boot-id", str(node / "boot_id"), "--no-gpu-poll"]
+        + [a for k, v in extra.items() for a in ("--" + k.replace("_", "-"), v)]
+    )
+    args.ecc_volatile_uncorrectable_max, args.retired_pages_max = 0, 60
+    return watch.Watch(watch.load_rules(str(REPO / "plugins" / "module_utils")), args)
+
+
+def test_the_loss_of_a_gpu_printed_over_two_reads_is_seen(node):
+    w = judge(node)
+    w.feed(["[ 99.1] NVRM: GPU at PCI:0000:53:00: GPU-566e6f65", "[ 99.1] NVRM: The NVIDIA GPU 0000:53:00.0"])
+    assert w.failures(None, None, 0) == []
+    w.feed(
+        [
+            "[ 99.1] NVRM: (PCI ID: 10de:2330) installed in this system has",
+            "[ 99.1] NVRM: fallen off the bus and is not responding to commands.",
+        ]
+    )
+    failed = w.failures(None, None, 0)
+    assert [(c["name"], c["gpus"]) for c in failed] == [("xid", ["0000:53:00.0"])]
+
+
+def test_a_verdict_rewritten_while_the_failure_stands_is_written_again(node):
+    w = judge(node)
+    w.feed([XID_79.strip()])
+    assert w.enforce(w.failures(None, None, 0))
+    path = node / "run" / "gpu-health.json"
+    path.write_text(json.dumps({"boot_id": BOOT, "passed": True, "source": "gpu_health", "checks": []}))
+    assert w.enforce(w.failures(None, None, 0))
+    assert json.loads(path.read_text())["passed"] is False
+    # Unchanged and still failing: not rewritten.
+    before = path.stat().st_mtime_ns
+    time.sleep(0.01)
+    w.enforce(w.failures(None, None, 0))
+    assert path.stat().st_mtime_ns == before
+
+
+def test_uncorrectable_ecc_and_a_failing_nvidia_smi(node):
+    from ansible_collections.gpufleet.node.plugins.module_utils import _nvsmi_q
+
+    w = judge(node)
+    gpus = _nvsmi_q.parse_query(H100)["gpus"]
+    assert w.failures(gpus, None, 0) == []
+    gpus[0]["ecc"]["volatile_uncorrectable"] = 2
+    assert [c["name"] for c in w.failures(gpus, None, 0)] == ["ecc"]
+    # nvidia-smi failing: the node goes out only after --nvidia-smi-failures polls in a row.
+    assert w.failures(None, "`nvidia-smi -q` timed out", 2) == []
+    failed = w.failures(None, "`nvidia-smi -q` timed out", 3)
+    assert [(c["name"], c["action"]) for c in failed] == [("nvidia_smi", "reboot")]
+
+
+def test_a_replaced_or_truncated_log_is_read_again_from_its_start(node):
+    log = watch.FileLog(str(node / "kern.log"))
+    assert log.read() == ([BANNER.rstrip("\n")], False)
+    with (node / "kern.log").open("a") as handle:
+        handle.write("[ 1.0] partial")
+    assert log.read() == ([], False)
+    with (node / "kern.log").open("a") as handle:
+        handle.write(" line\n")
+    assert log.read() == (["[ 1.0] partial line"], False)
+    (node / "kern.log").write_text("x\n")  # shorter: a new boot's log
+    assert log.read() == (["x"], True)

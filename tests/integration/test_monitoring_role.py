@@ -1,0 +1,147 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The monitoring role on localhost, as the monitoring host of an inventory shaped like the lab's
+(a few gpu_nodes, a balancer), writing into a temporary directory: the scrape configuration passes
+`promtool check config`, names every node exporter and every serving node's vLLM with its node
+label; the rendered rules are the shipped file byte for byte; a short `for:` through a variable;
+idempotence; the preflight's refusal."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support import run_playbook
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED_RULES = REPO / "roles" / "monitoring" / "files" / "gpufleet.rules.yml"
+PROMTOOL = shutil.which("promtool")
+
+pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool is missing (Debian package prometheus)")
+
+INVENTORY = {
+    "all": {
+        "children": {
+            "gpu_nodes": {
+                "hosts": {
+                    "node-1": {"ansible_host": "10.77.0.11"},
+                    "node-2": {"ansible_host": "10.77.0.12", "vllm_server_port": 8001},
+                    "node-3": {"ansible_host": "10.77.0.13"},
+                    # e.g. the lab's degraded node: measured, never served
+                    "node-4": {"ansible_host": "10.77.0.14", "monitoring_vllm_scrape": False},
+                }
+            },
+            "balancer": {"hosts": {"lb": {"ansible_host": "10.77.0.2"}}},
+            "monitoring": {"hosts": {"prom": {"ansible_connection": "local"}}},
+        }
+    }
+}
+
+PLAYBOOK = """\
+- name: The monitoring host
+  hosts: monitoring
+  gather_facts: false
+  roles:
+    - role: gpufleet.node.monitoring
+"""
+
+
+@pytest.fixture
+def setup(tmp_path):
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(INVENTORY))
+    (tmp_path / "play.yml").write_text(PLAYBOOK)
+    out = tmp_path / "etc" / "prometheus"
+    extra = {
+        "ansible_python_interpreter": sys.executable,
+        "monitoring_prometheus_manage": False,
+        "monitoring_prometheus_reload": False,
+        "monitoring_promtool": PROMTOOL,
+        "monitoring_prometheus_config_file": str(out / "prometheus.yml"),
+        "monitoring_prometheus_rules_dir": str(out / "rules.d"),
+        "monitoring_drift_exporters": ["127.0.0.1:9100"],
+    }
+    return tmp_path, out, extra
+
+
+def play(ansible_env, tmp_path, *extra):
+    return run_playbook(
+        tmp_path / "play.yml", inventory=tmp_path / "hosts.yml", extra_vars=list(extra), env=ansible_env, timeout=300
+    )
+
+
+def test_scrape_config_for_the_lab_inventory(ansible_env, setup):
+    tmp_path, out, extra = setup
+    proc = play(ansible_env, tmp_path, extra)
+    assert proc.returncode == 0, proc.explain()
+    assert proc.host("prom")["changed"] == 3  # rules directory, rules, configuration
+    config = out / "prometheus.yml"
+    check = subprocess.run([PROMTOOL, "check", "config", str(config)], capture_output=True, text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "SUCCESS: 13 rules found" in check.stdout
+
+    doc = yaml.safe_load(config.read_text())
+    assert doc["rule_files"] == [str(out / "rules.d" / "gpufleet.rules.yml")]
+    jobs = {j["job_name"]: j for j in doc["scrape_configs"]}
+
+    def targets(job):
+        return {t: c["labels"] for c in jobs[job]["static_configs"] for t in c["targets"]}
+
+    assert targets("gpufleet_node") == {f"10.77.0.1{i}:9100": {"node": f"node-{i}"} for i in range(1, 5)}
+    assert targets("gpufleet_vllm") == {
+        "10.77.0.11:8000": {"node": "node-1"},
+        "10.77.0.12:8001": {"node": "node-2"},
+        "10.77.0.13:8000": {"node": "node-3"},
+    }
+    assert targets("gpufleet_haproxy") == {"10.77.0.2:8405": {"balancer": "lb"}}
+    assert jobs["gpufleet_drift"]["honor_labels"] is True
+
+    again = play(ansible_env, tmp_path, extra)
+    assert again.returncode == 0 and again.host("prom")["changed"] == 0, again.explain()
+
+
+def test_rendered_rules_are_the_shipped_file(ansible_env, setup):
+    """The shipped rule file is the template rendered with the role's defaults; regenerate it with
+    this playbook and monitoring_prometheus_rules_dir=roles/monitoring/files when the template or
+    a judging default changes."""
+    tmp_path, out, extra = setup
+    proc = play(ansible_env, tmp_path, extra)
+    assert proc.returncode == 0, proc.explain()
+    assert (out / "rules.d" / "gpufleet.rules.yml").read_text() == SHIPPED_RULES.read_text()
+
+
+def test_short_for_and_moved_thresholds(ansible_env, setup):
+    tmp_path, out, extra = setup
+    proc = play(
+        ansible_env,
+        tmp_path,
+        extra,
+        {
+            "monitoring_alert_for": {"GpufleetNcclGateFailed": "10s"},
+            "monitoring_vllm_max_kv_cache_usage": 0.8,
+            "monitoring_haproxy_exporter_port": 0,
+        },
+    )
+    assert proc.returncode == 0, proc.explain()
+    rules = {
+        r["alert"]: r
+        for g in yaml.safe_load((out / "rules.d" / "gpufleet.rules.yml").read_text())["groups"]
+        for r in g["rules"]
+    }
+    assert rules["GpufleetNcclGateFailed"]["for"] == "10s"
+    assert rules["GpufleetNcclGateNotFromThisBoot"]["for"] == "15m"
+    assert rules["GpufleetVllmKvCacheHigh"]["expr"].endswith(">= 0.8")
+    jobs = [j["job_name"] for j in yaml.safe_load((out / "prometheus.yml").read_text())["scrape_configs"]]
+    assert "gpufleet_haproxy" not in jobs
+
+
+def test_refuses_unknown_alert_and_bad_threshold(ansible_env, setup):
+    tmp_path, out, extra = setup
+    for bad in ({"monitoring_alert_for": {"GpufleetNoSuchAlert": "1m"}}, {"monitoring_vllm_max_kv_cache_usage": 1.5}):
+        proc = play(ansible_env, tmp_path, extra, bad)
+        assert proc.returncode != 0
+        assert "gpufleet.node.monitoring: a setting is out of range" in proc.stdout, proc.explain()
+        assert not out.exists()

@@ -234,7 +234,9 @@ def test_fabric_manager_stop_and_its_stand_in(h100, nvml, lab_node):
     h100.reset_firmware()  # enabled: it runs again after a reboot
     assert field(smi_q(h100), "Fabric", "State") == "Completed"
     nvml.nvmlShutdown()
-    assert hw.units.unit_files(lab_node("l40s-4x-switch").data) == {}
+    assert list(hw.units.unit_files(lab_node("l40s-4x-switch").data)) == [
+        "etc/systemd/system/nvidia-persistenced.service"
+    ]
     assert (
         "ExecStart=/usr/local/bin/nv-fabricmanager"
         in hw.units.unit_files(h100.data)["etc/systemd/system/nvidia-fabricmanager.service"]

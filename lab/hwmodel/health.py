@@ -36,6 +36,8 @@ import struct
 import time
 from pathlib import Path
 
+from .regs import LINK_SPEED_TEXT, PCIE_CAP
+
 HEALTH_FILE = "health.json"
 KMSG_FILE = "kmsg.log"
 
@@ -111,15 +113,6 @@ AER_FILES = {
     "correctable": ("aer_dev_correctable", AER_COR_NAMES, "dev_cor_errs", "ERR_COR"),
     "fatal": ("aer_dev_fatal", AER_UNCOR_NAMES, "dev_fatal_errs", "ERR_FATAL"),
     "nonfatal": ("aer_dev_nonfatal", AER_UNCOR_NAMES, "dev_nonfatal_errs", "ERR_NONFATAL"),
-}
-PCIE_CAP = 0x60  # tree.PCIE_CAP (kept here to avoid an import cycle)
-LINK_SPEED_TEXT = {
-    1: "2.5 GT/s PCIe",
-    2: "5.0 GT/s PCIe",
-    3: "8.0 GT/s PCIe",
-    4: "16.0 GT/s PCIe",
-    5: "32.0 GT/s PCIe",
-    6: "64.0 GT/s PCIe",
 }
 
 # /proc/modules lines (name size refcount users state address) of a host with the NVIDIA driver;

@@ -19,19 +19,10 @@ from pathlib import Path
 
 from . import health
 from . import profiles as P
+from .regs import ACS_ECAP, AER_ECAP, LINK_SPEED_TEXT, PCIE_CAP, PM_CAP, PORT_TYPE
 
 CONFIG_SIZE = 4096
-PM_CAP, PCIE_CAP = 0x40, 0x60
-AER_ECAP, ACS_ECAP = 0x100, 0x150
-PORT_TYPE = {"endpoint": 0x0, "root_port": 0x4, "upstream": 0x5, "downstream": 0x6}
-LINK_SPEED_TEXT = {
-    1: "2.5 GT/s PCIe",
-    2: "5.0 GT/s PCIe",
-    3: "8.0 GT/s PCIe",
-    4: "16.0 GT/s PCIe",
-    5: "32.0 GT/s PCIe",
-    6: "64.0 GT/s PCIe",
-}
+
 NODE_FILE = "lab-node.json"
 
 

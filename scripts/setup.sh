@@ -28,3 +28,7 @@ if [[ ! -x $repo/.venv/bin/ansible-playbook ]] || ! cmp -s "$repo/requirements.t
   "$repo/.venv/bin/pip" install -q --disable-pip-version-check -r "$repo/requirements.txt"
   cp "$repo/requirements.txt" "$repo/.venv/.requirements"
 fi
+# ansible.cfg names Mitogen's strategy plugins by this link (the venv's site-packages path depends
+# on its Python version).
+strategy=$("$repo/.venv/bin/python" -c 'import ansible_mitogen, os; print(os.path.join(os.path.dirname(ansible_mitogen.__file__), "plugins", "strategy"))')
+ln -sfn "$strategy" "$repo/.venv/mitogen-strategy"

@@ -33,7 +33,7 @@ import lab.hwmodel as hw
 
 from . import preflight
 from .balancer import Balancer
-from .machine import HW_IN_NODE, SSH_PORT, Machine, cgroup_pids, remove_cgroup
+from .machine import HW_IN_NODE, SSH_PORT, Machine, cgroup_pids, remove_cgroup, ssh_keygen
 from .preflight import LabError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -212,22 +212,7 @@ class Fleet:
             t0 = time.monotonic()
             self._wipe()
             (self.state / "ssh").mkdir(parents=True, mode=0o700)
-            subprocess.run(
-                [
-                    self.progs["ssh-keygen"],
-                    "-q",
-                    "-t",
-                    "ed25519",
-                    "-N",
-                    "",
-                    "-C",
-                    f"gpufleet-lab@{self.tag}",
-                    "-f",
-                    str(self.key),
-                ],
-                check=True,
-                capture_output=True,
-            )
+            ssh_keygen(self.progs, f"gpufleet-lab@{self.tag}", self.key)
             subnet = self._subnet()
             data = {
                 "tag": self.tag,
@@ -431,6 +416,8 @@ class Fleet:
                             "ansible_ssh_private_key_file": data["ssh_key"],
                             "ansible_ssh_common_args": "-o StrictHostKeyChecking=no "
                             "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
+                            # the same for Mitogen, which reads the variable, not the SSH options
+                            "ansible_host_key_checking": False,
                             "ansible_python_interpreter": "/usr/bin/python3",
                             "gpufleet_lab": True,
                             "gpufleet_lab_root": HW_IN_NODE,

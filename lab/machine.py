@@ -76,6 +76,12 @@ SetEnv {env}={hw}
 """
 
 
+def ssh_keygen(progs, comment, path):
+    """A new ed25519 key pair at ``path`` (no passphrase), by the real ssh-keygen."""
+    argv = [progs["ssh-keygen"], "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)]
+    subprocess.run(argv, check=True, capture_output=True)
+
+
 def _write(path, text, mode=0o644):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -135,22 +141,7 @@ class Machine:
         hw.units.install(hw.Node.load(self.hw_dir), up)  # the hardware's services (fabric manager)
         _write(up / "etc/ssh/sshd_config.d/gpufleet-lab.conf", SSHD_CONFIG.format(env=hw.ROOT_ENV, hw=HW_IN_NODE))
         key = up / "etc/ssh/ssh_host_ed25519_key"
-        subprocess.run(
-            [
-                self.fleet.progs["ssh-keygen"],
-                "-q",
-                "-t",
-                "ed25519",
-                "-N",
-                "",
-                "-C",
-                f"root@{self.name}",
-                "-f",
-                str(key),
-            ],
-            check=True,
-            capture_output=True,
-        )
+        ssh_keygen(self.fleet.progs, f"root@{self.name}", key)
         # root's home is the node's own (opaque over the host's): a fresh image's dotfiles only.
         home = up / "root"
         home.mkdir(mode=0o700)

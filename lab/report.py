@@ -9,9 +9,12 @@ import sys
 import time
 from pathlib import Path
 
+import lab.hwmodel as hw
+
 from .preflight import LabError
 
 MARKER = "/run/gpufleet/nccl-gate.json"
+HEALTH = "/run/gpufleet/gpu-health.json"
 
 
 def _collection_path():
@@ -22,7 +25,11 @@ def _collection_path():
 
 
 def gather(fleet, settle=6.0):
-    """[{name, profile, expect_registered, registered, pool_state, gate, busbw, threshold, reason, ok}]
+    """[{name, profile, expect_registered, registered, pool_state, gate, gpu_health, busbw, threshold,
+    reason, faults, ok}]
+
+    A node is expected in the pool when its profile says so and its hardware model holds no
+    fault that must keep it out (`hwmodel.health.keeps_out`, the lab's own judgement).
 
     A server added seconds ago is down until HAProxy's first health and agent checks (every 2 s)
     have passed: the pool is read again for up to `settle` seconds while a member in service
@@ -49,40 +56,56 @@ def gather(fleet, settle=6.0):
     rows = []
     for m in fleet.machines(data):
         name = m.spec["name"]
-        marker = {}
-        if m.pid():
-            out = m.nsenter("cat", MARKER, timeout=10)
-            if out.returncode == 0:
-                try:
-                    marker = json.loads(out.stdout)
-                except ValueError:
-                    marker = {"reason": f"unreadable marker: {out.stdout[:80]!r}"}
+        marker, health = _read_json(m, MARKER), _read_json(m, HEALTH)
+        node = m.hw_node()
+        faults = hw.health.keeps_out(m.hw_dir, node.data)
+        expected = m.spec["expect_registered"] and not faults
         server = pool.get(name)
         registered = server is not None and server["state"] == "ready"
         gate = "no marker" if not marker else ("passed" if marker.get("passed") else "FAILED")
         if marker and marker.get("boot_id") != m.boot_id():
             gate += " (old boot)"
+        gpu_health = "-" if not health else ("passed" if health.get("passed") is True else "FAILED")
+        if health and health.get("boot_id") != m.boot_id():
+            gpu_health += " (old boot)"
         rows.append(
             {
                 "name": name,
                 "profile": m.spec["profile"],
-                "expect_registered": m.spec["expect_registered"],
+                "expect_registered": expected,
                 "registered": registered,
                 "pool_state": server["state"] if server else "absent",
                 "health": server["op_state"] if server else "-",
                 "gate": gate,
+                "gpu_health": gpu_health,
+                "faults": faults,
                 "busbw_gbps": marker.get("judged_busbw_gbps"),
                 "threshold_gbps": marker.get("threshold_gbps"),
-                "reason": marker.get("reason") or "",
-                "ok": registered == m.spec["expect_registered"],
+                "reason": (health.get("reason") if health and health.get("passed") is not True else None)
+                or marker.get("reason")
+                or "",
+                "ok": registered == expected,
             }
         )
     return rows, pool_error
 
 
+def _read_json(machine, path):
+    """A JSON file inside a running node; {} when the node is off or the file is not there."""
+    if not machine.pid():
+        return {}
+    out = machine.nsenter("cat", path, timeout=10)
+    if out.returncode != 0:
+        return {}
+    try:
+        return json.loads(out.stdout)
+    except ValueError:
+        return {"reason": f"unreadable {path}: {out.stdout[:80]!r}"}
+
+
 def render(rows, pool_error=None):
     lines = [
-        f"{'NODE':<8} {'PROFILE':<18} {'GATE':<18} {'BUSBW/THRESHOLD GB/s':<21} {'POOL':<8} "
+        f"{'NODE':<8} {'PROFILE':<18} {'GATE':<18} {'GPU HEALTH':<11} {'BUSBW/THRESHOLD GB/s':<21} {'POOL':<8} "
         f"{'TRAFFIC':<8} {'EXPECTED':<9} VERDICT"
     ]
     for r in rows:
@@ -94,12 +117,14 @@ def render(rows, pool_error=None):
         # TRAFFIC: HAProxy's operational state (health check and the node's agent), for a member
         traffic = "-" if r["health"] == "-" else ("up" if r["health"] == "running" else "down")
         lines.append(
-            f"{r['name']:<8} {r['profile']:<18} {r['gate']:<18} {bw:<21} {r['pool_state']:<8} "
+            f"{r['name']:<8} {r['profile']:<18} {r['gate']:<18} {r['gpu_health']:<11} {bw:<21} {r['pool_state']:<8} "
             f"{traffic:<8} {'in' if r['expect_registered'] else 'out':<9} {'ok' if r['ok'] else 'WRONG'}"
         )
     for r in rows:
-        if r["gate"].startswith("FAILED"):
+        if r["gate"].startswith("FAILED") or r["gpu_health"].startswith("FAILED"):
             lines.append(f"  {r['name']}: {r['reason']}")
+        if r["faults"]:
+            lines.append(f"  {r['name']}: the lab holds faults that keep it out: {'; '.join(r['faults'])}")
     if pool_error:
         lines.append(f"  balancer: {pool_error}")
     return "\n".join(lines)

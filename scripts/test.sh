@@ -13,7 +13,7 @@ failed=()
 export GPUFLEET_VLLM_VENV=${GPUFLEET_VLLM_VENV:-$HOME/.cache/gpufleet/vllm-parser-venv-0.33.0}
 bash tests/vllm_parser/setup.sh || failed+=("vllm-parser venv")
 echo "== ruff (ruff.toml)"
-python_dirs=(plugins lab tests benchmarks)
+python_dirs=(plugins roles lab tests benchmarks)
 ruff check --no-cache "${python_dirs[@]}" || failed+=("ruff check")
 ruff format --check --no-cache "${python_dirs[@]}" || failed+=("ruff format")
 echo "== ansible-lint (production profile)"

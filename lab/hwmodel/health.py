@@ -512,6 +512,42 @@ def clear(root, data, state=None):
     return "faults cleared"
 
 
+def keeps_out(root, data):
+    """Why this machine, as the model holds it now, must not take traffic: [] when healthy.
+
+    The lab's own answer, from its state and its kernel log, to check the collection's
+    gpu_health verdict against (the report's EXPECTED column); it shares no code with it."""
+    state = load(root, data)
+    why = []
+    for index, g in sorted(state["gpus"].items(), key=lambda item: int(item[0])):
+        rows = g["remapped_rows"]
+        if rows["pending"] or rows["failure"]:
+            why.append("GPU %s: row remap %s" % (index, "pending" if rows["pending"] else "failure"))
+        if g["ecc"]["volatile"]["dram_uncorrectable"] or g["ecc"]["volatile"]["sram_uncorrectable"]:
+            why.append("GPU %s: uncorrectable ECC" % index)
+        if g["hw_slowdown"]:
+            why.append("GPU %s: HW slowdown" % index)
+        if g["nvlinks_down"]:
+            why.append("GPU %s: NVLink %s down" % (index, ",".join(map(str, g["nvlinks_down"]))))
+        if g["width_degraded"]:
+            why.append("GPU %s: link trained down" % index)
+    fm = state["fabric_manager"]
+    if fm and not fm["active"]:
+        why.append("fabric manager stopped")
+    for port, counts in sorted(state["aer"].items()):
+        if any(counts.get(kind) for kind in ("fatal", "nonfatal")):
+            why.append("AER errors on %s" % port)
+    kmsg = kmsg_path(root)
+    for line in kmsg.read_text().splitlines() if kmsg.exists() else ():
+        if "Xid (" in line:
+            code = int(line.split("): ", 1)[1].split(",", 1)[0])
+            if code not in APP_XIDS:
+                why.append("Xid %d" % code)
+        elif "SXid" in line and "Fatal" in line:
+            why.append("fatal SXid")
+    return why
+
+
 def reboot(root, data, driver_version):
     """What a power cycle does to the health state (see the module docstring)."""
     state = load(root, data)

@@ -29,7 +29,7 @@ NVML facts used (nvidia-ml-py 13.615.71, checked against its source):
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _nvsmi, _pci, _pcipath
+from ansible_collections.gpufleet.node.plugins.module_utils import _nvml, _nvsmi, _pci, _pcipath
 
 NVML_P2P_INDEX = {"read": 0, "write": 1, "nvlink": 2}
 NVML_P2P_STATUS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
@@ -67,10 +67,6 @@ def empty_record(driver_version=None):
 
 
 # -- NVML ------------------------------------------------------------------------------------
-def _text(value):
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return value
 
 
 def _nvml_code(exc):
@@ -91,17 +87,6 @@ def _bits(words):
     return result
 
 
-def _optional(nvml, func, *args):
-    """Call an NVML function that a driver may not support; None when it is not there."""
-    fn = getattr(nvml, func, None)
-    if fn is None:
-        return None
-    try:
-        return fn(*args)
-    except nvml.NVMLError:
-        return None
-
-
 def _nvlink_ends(nvml, handle, bus_ids):
     """Active NVLinks of one GPU: ``(count, {peer_bus_id: links}, switch_links)``."""
     max_links = getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)
@@ -117,9 +102,9 @@ def _nvlink_ends(nvml, handle, bus_ids):
         if state != enabled:
             continue
         active += 1
-        remote_type = _optional(nvml, "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
-        remote = _optional(nvml, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
-        remote_bus = _nvsmi.normalize_bus_id(_text(remote.busId)) if remote is not None else None
+        remote_type = _nvml.optional(nvml, "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+        remote = _nvml.optional(nvml, "nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+        remote_bus = _nvsmi.normalize_bus_id(_nvml.text(remote.busId)) if remote is not None else None
         if remote_type == NVML_NVLINK_DEVICE_TYPE_GPU or (remote_type is None and remote_bus in bus_ids):
             to_gpu[remote_bus] = to_gpu.get(remote_bus, 0) + 1
         else:
@@ -144,7 +129,7 @@ def collect_nvml(nvml):
 
 
 def _collect_nvml(nvml):
-    driver = _text(nvml.nvmlSystemGetDriverVersion())
+    driver = _nvml.text(nvml.nvmlSystemGetDriverVersion())
     count = nvml.nvmlDeviceGetCount()
     handles = []
     for index in range(count):
@@ -161,22 +146,22 @@ def _collect_nvml(nvml):
     for index, handle in enumerate(handles):
         pci = nvml.nvmlDeviceGetPciInfo(handle)
         memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-        cpus = _optional(nvml, "nvmlDeviceGetCpuAffinity", handle, CPU_SET_WORDS)
-        nodes = _optional(nvml, "nvmlDeviceGetMemoryAffinity", handle, NUMA_SET_WORDS, NVML_AFFINITY_SCOPE_NODE)
+        cpus = _nvml.optional(nvml, "nvmlDeviceGetCpuAffinity", handle, CPU_SET_WORDS)
+        nodes = _nvml.optional(nvml, "nvmlDeviceGetMemoryAffinity", handle, NUMA_SET_WORDS, NVML_AFFINITY_SCOPE_NODE)
         node_list = _bits(nodes) if nodes is not None else []
-        gpu_numa = _optional(nvml, "nvmlDeviceGetNumaNodeId", handle)
+        gpu_numa = _nvml.optional(nvml, "nvmlDeviceGetNumaNodeId", handle)
         gpus.append(
             {
                 "index": index,
-                "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
-                "name": _text(nvml.nvmlDeviceGetName(handle)),
-                "pci_bus_id": _nvsmi.normalize_bus_id(_text(pci.busId)),
+                "uuid": _nvml.text(nvml.nvmlDeviceGetUUID(handle)),
+                "name": _nvml.text(nvml.nvmlDeviceGetName(handle)),
+                "pci_bus_id": _nvsmi.normalize_bus_id(_nvml.text(pci.busId)),
                 "memory_total_mib": int(memory.total) // (1024 * 1024),
                 "pcie": {
-                    "gen_current": _optional(nvml, "nvmlDeviceGetCurrPcieLinkGeneration", handle),
-                    "gen_max": _optional(nvml, "nvmlDeviceGetMaxPcieLinkGeneration", handle),
-                    "width_current": _optional(nvml, "nvmlDeviceGetCurrPcieLinkWidth", handle),
-                    "width_max": _optional(nvml, "nvmlDeviceGetMaxPcieLinkWidth", handle),
+                    "gen_current": _nvml.optional(nvml, "nvmlDeviceGetCurrPcieLinkGeneration", handle),
+                    "gen_max": _nvml.optional(nvml, "nvmlDeviceGetMaxPcieLinkGeneration", handle),
+                    "width_current": _nvml.optional(nvml, "nvmlDeviceGetCurrPcieLinkWidth", handle),
+                    "width_max": _nvml.optional(nvml, "nvmlDeviceGetMaxPcieLinkWidth", handle),
                 },
                 "numa_node": node_list[0] if len(node_list) == 1 else None,
                 "cpu_affinity": _nvsmi.format_cpu_list(_bits(cpus)) if cpus is not None and _bits(cpus) else None,

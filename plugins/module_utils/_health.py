@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import re
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _nvsmi, _nvsmi_q, _pci
+from ansible_collections.gpufleet.node.plugins.module_utils import _nvml, _nvsmi, _nvsmi_q, _pci
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 _RANK = {PASS: 0, WARN: 1, FAIL: 2}
@@ -385,26 +385,10 @@ class NvmlUnavailable(Exception):
     """nvmlInit() failed: the caller may fall back to nvidia-smi."""
 
 
-def _nvml_call(nvml, name, *args):
-    """An NVML query a GPU or driver may not have: None for NotSupported, FunctionNotFound and
-    every other NVML error (a missing fact is not a failure of the GPU)."""
-    fn = getattr(nvml, name, None)
-    if fn is None:
-        return None
-    try:
-        return fn(*args)
-    except nvml.NVMLError:
-        return None
-
-
-def _text(value):
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-
-
 def _nvml_clock_reasons(nvml, handle):
-    mask = _nvml_call(nvml, "nvmlDeviceGetCurrentClocksEventReasons", handle)
+    mask = _nvml.optional(nvml, "nvmlDeviceGetCurrentClocksEventReasons", handle)
     if mask is None:
-        mask = _nvml_call(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        mask = _nvml.optional(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", handle)
     if mask is None:
         return None
     return [name for bit, name in NVML_CLOCK_REASON_BITS if int(mask) & bit]
@@ -430,7 +414,7 @@ def _nvml_fabric(nvml, handle):
         status_text = "success"
     else:
         try:
-            status_text = _nvsmi_q.snake(_text(nvml.nvmlErrorString(status)))
+            status_text = _nvsmi_q.snake(_nvml.text(nvml.nvmlErrorString(status)))
         except Exception:  # pylint: disable=broad-except
             status_text = "error_%d" % status
     return {"state": state, "status": status_text}
@@ -453,7 +437,8 @@ def _nvml_nvlinks(nvml, handle):
             continue
         record = {"link": link, "active": state == enabled, "speed_gbps": None}
         values = {
-            key: _nvml_call(nvml, "nvmlDeviceGetNvLinkErrorCounter", handle, link, counter) for key, counter in counters
+            key: _nvml.optional(nvml, "nvmlDeviceGetNvLinkErrorCounter", handle, link, counter)
+            for key, counter in counters
         }
         record["replay_errors"] = values["replay_errors"]
         record["recovery_errors"] = values["recovery_errors"]
@@ -470,7 +455,7 @@ def collect_nvml(nvml):
     except nvml.NVMLError as exc:
         raise NvmlUnavailable("nvmlInit() failed: %s" % exc) from exc
     try:
-        driver = _text(_nvml_call(nvml, "nvmlSystemGetDriverVersion"))
+        driver = _nvml.text(_nvml.optional(nvml, "nvmlSystemGetDriverVersion"))
         gpus = []
         for index in range(nvml.nvmlDeviceGetCount()):
             try:
@@ -496,17 +481,17 @@ def _nvml_gpu(nvml, handle):
     corrected = getattr(nvml, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)
     uncorrected = getattr(nvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
     pci = nvml.nvmlDeviceGetPciInfo(handle)
-    persistence = _nvml_call(nvml, "nvmlDeviceGetPersistenceMode", handle)
+    persistence = _nvml.optional(nvml, "nvmlDeviceGetPersistenceMode", handle)
     ecc = {
         "enabled": None,
-        "volatile_correctable": _nvml_call(nvml, "nvmlDeviceGetTotalEccErrors", handle, corrected, volatile),
-        "volatile_uncorrectable": _nvml_call(nvml, "nvmlDeviceGetTotalEccErrors", handle, uncorrected, volatile),
-        "aggregate_correctable": _nvml_call(nvml, "nvmlDeviceGetTotalEccErrors", handle, corrected, aggregate),
-        "aggregate_uncorrectable": _nvml_call(nvml, "nvmlDeviceGetTotalEccErrors", handle, uncorrected, aggregate),
+        "volatile_correctable": _nvml.optional(nvml, "nvmlDeviceGetTotalEccErrors", handle, corrected, volatile),
+        "volatile_uncorrectable": _nvml.optional(nvml, "nvmlDeviceGetTotalEccErrors", handle, uncorrected, volatile),
+        "aggregate_correctable": _nvml.optional(nvml, "nvmlDeviceGetTotalEccErrors", handle, corrected, aggregate),
+        "aggregate_uncorrectable": _nvml.optional(nvml, "nvmlDeviceGetTotalEccErrors", handle, uncorrected, aggregate),
     }
     if all(value is None for value in ecc.values()):
         ecc = None
-    remap = _nvml_call(nvml, "nvmlDeviceGetRemappedRows", handle)
+    remap = _nvml.optional(nvml, "nvmlDeviceGetRemappedRows", handle)
     remapped = None
     if remap is not None:
         correctable, uncorrectable, pending, failure = remap
@@ -518,14 +503,14 @@ def _nvml_gpu(nvml, handle):
         }
     retired = None
     if remapped is None:
-        pending = _nvml_call(nvml, "nvmlDeviceGetRetiredPagesPendingStatus", handle)
-        sbe = _nvml_call(
+        pending = _nvml.optional(nvml, "nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        sbe = _nvml.optional(
             nvml,
             "nvmlDeviceGetRetiredPages",
             handle,
             getattr(nvml, "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS", 0),
         )
-        dbe = _nvml_call(
+        dbe = _nvml.optional(
             nvml,
             "nvmlDeviceGetRetiredPages",
             handle,
@@ -538,20 +523,20 @@ def _nvml_gpu(nvml, handle):
                 "pending": bool(pending) if pending is not None else None,
             }
     return {
-        "bus_id": _nvsmi.normalize_bus_id(_text(pci.busId)),
-        "uuid": _text(_nvml_call(nvml, "nvmlDeviceGetUUID", handle)),
-        "name": _text(_nvml_call(nvml, "nvmlDeviceGetName", handle)),
+        "bus_id": _nvsmi.normalize_bus_id(_nvml.text(pci.busId)),
+        "uuid": _nvml.text(_nvml.optional(nvml, "nvmlDeviceGetUUID", handle)),
+        "name": _nvml.text(_nvml.optional(nvml, "nvmlDeviceGetName", handle)),
         "persistence_mode": None if persistence is None else persistence == getattr(nvml, "NVML_FEATURE_ENABLED", 1),
         "ecc": ecc,
         "retired_pages": retired,
         "remapped_rows": remapped,
         "clocks_event_reasons": _nvml_clock_reasons(nvml, handle),
         "pcie": {
-            "gen_current": _nvml_call(nvml, "nvmlDeviceGetCurrPcieLinkGeneration", handle),
-            "gen_max": _nvml_call(nvml, "nvmlDeviceGetMaxPcieLinkGeneration", handle),
-            "width_current": _nvml_call(nvml, "nvmlDeviceGetCurrPcieLinkWidth", handle),
-            "width_max": _nvml_call(nvml, "nvmlDeviceGetMaxPcieLinkWidth", handle),
-            "replays": _nvml_call(nvml, "nvmlDeviceGetPcieReplayCounter", handle),
+            "gen_current": _nvml.optional(nvml, "nvmlDeviceGetCurrPcieLinkGeneration", handle),
+            "gen_max": _nvml.optional(nvml, "nvmlDeviceGetMaxPcieLinkGeneration", handle),
+            "width_current": _nvml.optional(nvml, "nvmlDeviceGetCurrPcieLinkWidth", handle),
+            "width_max": _nvml.optional(nvml, "nvmlDeviceGetMaxPcieLinkWidth", handle),
+            "replays": _nvml.optional(nvml, "nvmlDeviceGetPcieReplayCounter", handle),
         },
         "fabric": _nvml_fabric(nvml, handle),
         "nvlinks": _nvml_nvlinks(nvml, handle),

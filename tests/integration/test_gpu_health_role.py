@@ -19,7 +19,17 @@ from tests.integration.test_gpu_health_module import nvlinks, report
 from tests.support import run_playbook
 
 PLAYBOOK = Path(__file__).resolve().parent / "playbooks" / "gpu_health_role.yml"
-LIBS = ["_health.py", "_nvsmi.py", "_nvsmi_q.py", "_pci.py", "_pcipath.py", "_proc.py", "_readiness.py"]
+LIBS = [
+    "_atomic.py",
+    "_health.py",
+    "_nvml.py",
+    "_nvsmi.py",
+    "_nvsmi_q.py",
+    "_pci.py",
+    "_pcipath.py",
+    "_proc.py",
+    "_readiness.py",
+]
 XID_79 = "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
 
 pytestmark = pytest.mark.integration

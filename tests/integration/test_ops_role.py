@@ -63,6 +63,7 @@ def test_role_installs_agent_units_and_no_swap_drop_in(ansible_env, tmp_path):
         "etc/systemd/system/gpufleet-worker-recycle.service",
         "etc/systemd/system/gpufleet-worker-recycle.timer",
         "etc/systemd/system/vllm.service.d/10-gpufleet-no-swap.conf",
+        "usr/local/lib/gpufleet/_atomic.py",
         "usr/local/lib/gpufleet/_haproxy.py",
         "usr/local/lib/gpufleet/_http.py",
         "usr/local/lib/gpufleet/_recycle.py",

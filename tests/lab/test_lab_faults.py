@@ -426,3 +426,21 @@ def test_stub_health_names_match_nvidia_ml_py(nvml, monkeypatch):
         assert getattr(real, name) == getattr(nvml, name), name
     assert [f[0] for f in real.c_nvmlGpuFabricInfo_t._fields_] == ["clusterUuid", "status", "cliqueId", "state"]
     assert set(vars(nvml.c_nvmlGpuFabricInfo_t())) == {"clusterUuid", "status", "cliqueId", "state"}
+
+
+def test_keeps_out_is_the_labs_own_judgement_of_each_fault(h100):
+    """The report's EXPECTED column: a fault that must keep a node out is named; an application
+    XID, a cleared fault and what a reboot clears are not."""
+    assert hw.health.keeps_out(h100.root, h100.data) == []
+    h100.inject("xid", 1, 13)  # an application error: no reason to drain
+    assert hw.health.keeps_out(h100.root, h100.data) == []
+    h100.inject("xid", 3, 79)
+    h100.inject("remap-pending", 2)
+    h100.inject("hw-slowdown", 4)
+    h100.inject("fabric-manager-stop")
+    why = hw.health.keeps_out(h100.root, h100.data)
+    assert why == ["GPU 2: row remap pending", "GPU 4: HW slowdown", "fabric manager stopped", "Xid 79"], why
+    h100.reset_firmware()  # the XID's boot is gone, the remap applied, the fabric manager back
+    assert hw.health.keeps_out(h100.root, h100.data) == ["GPU 4: HW slowdown"]
+    hw.health.clear(h100.root, h100.data)
+    assert hw.health.keeps_out(h100.root, h100.data) == []

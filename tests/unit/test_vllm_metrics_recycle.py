@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.gpufleet.node.plugins.module_utils import _atomic as files
 from ansible_collections.gpufleet.node.plugins.module_utils import _haproxy as hx
 from ansible_collections.gpufleet.node.plugins.module_utils import _http as web
 from ansible_collections.gpufleet.node.plugins.module_utils import _recycle as rc
@@ -139,7 +140,7 @@ def agent_env(tmp_path, monkeypatch):
 
 
 def run_until_restart(agent, config, calls, rss, clock, growth_mib):
-    run = agent.Agent(config, vm, rc, hx, web)
+    run = agent.Agent(config, vm, rc, hx, web, files)
     codes = []
     for _ in range(6):
         rss["value"] += growth_mib * MiB
@@ -219,7 +220,7 @@ def test_textfile_write_does_not_follow_symlinks(agent_env, tmp_path):
     textfile = tmp_path / "w.prom"
     for planted in ("%s.%d.tmp" % (textfile, os.getpid()), "%s.tmp" % textfile):
         os.symlink(victim, planted)
-    agent.Agent(config, vm, rc, hx, web).run()
+    agent.Agent(config, vm, rc, hx, web, files).run()
     assert victim.read_text() == "root's file\n" and oct(victim.stat().st_mode & 0o777) == "0o600"
     assert "gpufleet_worker_rss_bytes" in textfile.read_text() and not textfile.is_symlink()
     assert oct(textfile.stat().st_mode & 0o777) == "0o644"
@@ -227,7 +228,7 @@ def test_textfile_write_does_not_follow_symlinks(agent_env, tmp_path):
     # a symlink at the target itself is replaced by the new file, not written through
     textfile.unlink()
     os.symlink(victim, textfile)
-    agent.atomic_write(str(textfile), "new\n")
+    files.write(str(textfile), "new\n")
     assert victim.read_text() == "root's file\n" and textfile.read_text() == "new\n" and not textfile.is_symlink()
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
     assert leftovers == []

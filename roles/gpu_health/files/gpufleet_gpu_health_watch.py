@@ -32,7 +32,6 @@ import queue
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import types
@@ -46,7 +45,7 @@ def log(message):
 
 
 def load_rules(lib_dir):
-    """The collection's ``_health``, ``_nvsmi``, ``_nvsmi_q``, ``_proc`` and ``_readiness``, from
+    """The collection's ``_atomic``, ``_health``, ``_nvsmi``, ``_nvsmi_q``, ``_proc`` and ``_readiness``, from
     the copies the role installs in ``lib_dir`` (they import each other by the collection's
     package name, which is mapped onto ``lib_dir`` here; no Ansible needed)."""
     if PACKAGE not in sys.modules:
@@ -65,41 +64,9 @@ def load_rules(lib_dir):
     return types.SimpleNamespace(
         **{
             name: importlib.import_module("%s.%s" % (PACKAGE, name))
-            for name in ("_health", "_nvsmi", "_nvsmi_q", "_proc", "_readiness")
+            for name in ("_atomic", "_health", "_nvsmi", "_nvsmi_q", "_proc", "_readiness")
         }
     )
-
-
-def atomic_write(path, text, mode=0o644):
-    """Replace ``path`` with ``text``: a fresh mkstemp file in the same directory (never a planted
-    symlink), mode set on the descriptor, fsync, then rename over ``path``, then fsync the
-    directory. A reader sees the old verdict or the new one, never part of one."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".%s." % os.path.basename(path), suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            os.fchmod(handle.fileno(), mode)
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
 
 
 class FileLog:
@@ -327,7 +294,7 @@ class Watch:
             "reason": "; ".join("%s: %s" % (c["name"], c["reason"]) for c in failed),
             "timestamp": round(time.time(), 3),
         }
-        atomic_write(path, json.dumps(verdict, indent=2, sort_keys=True) + "\n")
+        self.rules._atomic.write(path, json.dumps(verdict, indent=2, sort_keys=True) + "\n")
         if self.written != summary:
             for c in failed:
                 log(

@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 DEFAULT_CONFIG = "/etc/gpufleet/worker-recycle.json"
@@ -31,28 +30,6 @@ def log(message, **fields):
         "%s=%s" % (k, json.dumps(v) if isinstance(v, str) and " " in v else v) for k, v in sorted(fields.items())
     )
     print(("%s %s" % (message, extra)).strip(), flush=True)
-
-
-def atomic_write(path, text, mode=0o644):
-    """Replace `path` with `text`, as root may: the new file is made by mkstemp (a fresh random
-    name, O_EXCL, so a symlink planted in the directory is never followed), its mode set on the
-    open descriptor, and renamed over `path` (a symlink at `path` is replaced, not followed)."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".%s." % os.path.basename(path), suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            os.fchmod(handle.fileno(), mode)
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def systemctl(*args, check=True):
@@ -112,15 +89,16 @@ def load_state(path):
 
 
 class Agent:
-    """vm, rc, hx, web: the collection's _vllm_metrics, _recycle, _haproxy and _http (installed
-    beside)."""
+    """vm, rc, hx, web, files: the collection's _vllm_metrics, _recycle, _haproxy, _http and
+    _atomic (installed beside)."""
 
-    def __init__(self, config, vm, rc, hx, web, dry_run=False):
+    def __init__(self, config, vm, rc, hx, web, files, dry_run=False):
         self.cfg = config
         self.vm = vm
         self.rc = rc
         self.hx = hx
         self.web = web
+        self.files = files
         self.dry_run = dry_run
 
     # --- the balancer ---------------------------------------------------------------------------
@@ -247,9 +225,9 @@ class Agent:
 
     def finish(self, state, verdict):
         cfg = self.cfg
-        atomic_write(cfg["state_file"], json.dumps(state), 0o600)
+        self.files.write(cfg["state_file"], json.dumps(state), 0o600)
         if cfg.get("textfile"):
-            atomic_write(cfg["textfile"], self.rc.textfile(verdict, state))
+            self.files.write(cfg["textfile"], self.rc.textfile(verdict, state))
         if cfg.get("status_file"):
             status = dict(
                 verdict,
@@ -259,7 +237,7 @@ class Agent:
                 last_recycle=state.get("last_recycle"),
                 last_recycle_kind=state.get("last_recycle_kind"),
             )
-            atomic_write(cfg["status_file"], json.dumps(status, indent=1) + "\n")
+            self.files.write(cfg["status_file"], json.dumps(status, indent=1) + "\n")
 
 
 def main(argv=None):
@@ -275,13 +253,14 @@ def main(argv=None):
         return 2
     sys.path.insert(0, config.get("lib_dir", "/usr/local/lib/gpufleet"))
     try:
+        import _atomic as files
         import _haproxy as hx
         import _http as web
         import _recycle as rc
         import _vllm_metrics as vm
     except ImportError as exc:
         print(
-            "gpufleet-worker-recycle: %s (the role installs _haproxy.py, _http.py, _recycle.py and _vllm_metrics.py "
+            "gpufleet-worker-recycle: %s (the role installs _atomic.py, _haproxy.py, _http.py, _recycle.py and _vllm_metrics.py "
             "in %s)" % (exc, config.get("lib_dir")),
             file=sys.stderr,
         )
@@ -293,7 +272,7 @@ def main(argv=None):
             file=sys.stderr,
         )
         return 2
-    return Agent(config, vm, rc, hx, web, dry_run=args.dry_run).run()
+    return Agent(config, vm, rc, hx, web, files, dry_run=args.dry_run).run()
 
 
 if __name__ == "__main__":

@@ -234,3 +234,20 @@ def test_a_replaced_or_truncated_log_is_read_again_from_its_start(node):
     assert log.read() == (["[ 1.0] partial line"], False)
     (node / "kern.log").write_text("x\n")  # shorter: a new boot's log
     assert log.read() == (["x"], True)
+
+
+def test_the_roles_failures_stand_beside_the_watchers_own(node):
+    """A verdict of this boot that the role wrote (a check the watcher does not judge, e.g. clocks)
+    keeps its failures when the watcher adds an XID: the file never loses a reason."""
+    clocks = {"name": "clocks", "status": "fail", "gpus": ["0000:53:00.0"], "reason": "hw_slowdown active",
+              "action": "drain and inspect the hardware"}  # fmt: skip
+    (node / "run" / "gpu-health.json").write_text(
+        json.dumps({"boot_id": BOOT, "passed": False, "source": "gpu_health_info", "checks": [clocks]})
+    )
+    with (node / "kern.log").open("a") as log:
+        log.write(XID_79)
+    proc = subprocess.run(argv(node, "--no-gpu-poll", "--once"), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    verdict = json.loads((node / "run" / "gpu-health.json").read_text())
+    assert [c["name"] for c in verdict["checks"]] == ["xid", "clocks"], verdict
+    assert "xid: XID 79" in verdict["reason"] and "clocks: hw_slowdown active" in verdict["reason"]

@@ -286,12 +286,19 @@ class Watch:
             and self.written == summary
         ):
             return True
+        # The failures of this boot that the watcher does not judge (the role's full check: clocks,
+        # AER, fabric, ...) stand beside its own until the role judges the node again.
+        own = {c["name"] for c in failed}
+        standing = []
+        if current and current.get("boot_id") == boot_id and current.get("passed") is False:
+            standing = [c for c in current.get("checks") or [] if c.get("name") not in own]
+        checks = failed + standing
         verdict = {
             "boot_id": boot_id,
             "passed": False,
             "source": SOURCE,
-            "checks": failed,
-            "reason": "; ".join("%s: %s" % (c["name"], c["reason"]) for c in failed),
+            "checks": checks,
+            "reason": "; ".join("%s: %s" % (c["name"], c["reason"]) for c in checks),
             "timestamp": round(time.time(), 3),
         }
         self.rules._atomic.write(path, json.dumps(verdict, indent=2, sort_keys=True) + "\n")

@@ -539,12 +539,13 @@ def keeps_out(root, data):
             why.append("AER errors on %s" % port)
     kmsg = kmsg_path(root)
     for line in kmsg.read_text().splitlines() if kmsg.exists() else ():
-        if "Xid (" in line:
+        if "SXid (" in line:
+            if ", Fatal," in line:
+                why.append("fatal SXid %s" % line.split("): ", 1)[1].split(",", 1)[0])
+        elif "Xid (" in line:
             code = int(line.split("): ", 1)[1].split(",", 1)[0])
             if code not in APP_XIDS:
                 why.append("Xid %d" % code)
-        elif "SXid" in line and "Fatal" in line:
-            why.append("fatal SXid")
     return why
 
 

@@ -438,8 +438,15 @@ def test_keeps_out_is_the_labs_own_judgement_of_each_fault(h100):
     h100.inject("remap-pending", 2)
     h100.inject("hw-slowdown", 4)
     h100.inject("fabric-manager-stop")
+    h100.inject("sxid", 0, 20034)
     why = hw.health.keeps_out(h100.root, h100.data)
-    assert why == ["GPU 2: row remap pending", "GPU 4: HW slowdown", "fabric manager stopped", "Xid 79"], why
+    assert why == [
+        "GPU 2: row remap pending",
+        "GPU 4: HW slowdown",
+        "fabric manager stopped",
+        "Xid 79",
+        "fatal SXid 20034",
+    ], why
     h100.reset_firmware()  # the XID's boot is gone, the remap applied, the fabric manager back
     assert hw.health.keeps_out(h100.root, h100.data) == ["GPU 4: HW slowdown"]
     hw.health.clear(h100.root, h100.data)

@@ -365,28 +365,7 @@ class SessionLab:
 
     def ssh(self, node, command, check=True, timeout=60):
         """Run a shell command on node as root over SSH; its stdout (AssertionError on failure)."""
-        spec = self.spec(node)
-        argv = [
-            "ssh",
-            "-i",
-            str(self.key),
-            "-o",
-            "StrictHostKeyChecking=no",
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "LogLevel=ERROR",
-            "-o",
-            "BatchMode=yes",
-            "-p",
-            str(spec["ssh_port"]),
-            f"root@{spec['address']}",
-            command,
-        ]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-        if check and proc.returncode:
-            raise AssertionError(f"ssh {node} {command!r} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
-        return proc.stdout
+        return ssh(self.key, self.spec(node), command, check=check, timeout=timeout)
 
 
 def run_module(name, args, check_mode=False, diff=False, env=None):
@@ -465,3 +444,14 @@ def parse_env_file(text):
             raise ValueError("line %d is not KEY=value: %r" % (num, line))
         env[key] = value
     return env
+
+
+def ssh(key, spec, command, check=True, timeout=60):
+    """Run a shell command as root over SSH on the lab node ``spec`` (its entry in the lab's
+    state); its stdout (AssertionError on failure)."""
+    argv = ["ssh", "-i", str(key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+    argv += ["-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "-p", str(spec["ssh_port"]), f"root@{spec['address']}"]
+    proc = subprocess.run([*argv, command], capture_output=True, text=True, timeout=timeout, check=False)
+    if check and proc.returncode:
+        raise AssertionError(f"ssh {spec['name']} {command!r} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
+    return proc.stdout

@@ -71,27 +71,7 @@ def spare(session_lab):
 
 def ssh(fleet, node, command, check=True, timeout=60):
     spec = next(n for n in fleet.data()["nodes"] if n["name"] == node)
-    argv = [
-        "ssh",
-        "-i",
-        str(fleet.key),
-        "-o",
-        "StrictHostKeyChecking=no",
-        "-o",
-        "UserKnownHostsFile=/dev/null",
-        "-o",
-        "LogLevel=ERROR",
-        "-o",
-        "BatchMode=yes",
-        "-p",
-        str(spec["ssh_port"]),
-        f"root@{spec['address']}",
-        command,
-    ]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    if check and proc.returncode:
-        raise AssertionError(f"ssh {node} {command!r} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
-    return proc.stdout
+    return support.ssh(fleet.key, spec, command, check=check, timeout=timeout)
 
 
 def hw_of(fleet, node):

@@ -422,7 +422,6 @@ class Fleet:
                             "gpufleet_lab": True,
                             "gpufleet_lab_root": HW_IN_NODE,
                             "gpufleet_sysfs_path": f"{HW_IN_NODE}/sys/bus/pci",
-                            "gpufleet_sysfs_root": f"{HW_IN_NODE}/sys",
                             "gpufleet_proc_root": f"{HW_IN_NODE}/proc",
                             # GPU health: this boot's kernel log and the kernel's module list, simulated
                             # by the hardware model (lab/hwmodel/health.py).

@@ -16,7 +16,8 @@ description:
     task's role and name and the files its diff names, in a JSON file that the playbook's last
     play reads to report the drift and fail the run.
   - The record carries the token that the playbook writes beside it (C(token)) at its start and
-    removes at its end, so that the playbook can tell a record of this run from a stale one.
+    removes at its end (M(gpufleet.node.drift_report), which also judges the record and writes the
+    report, in the controller's process), so that the playbook can tell a record of this run from a stale one.
     Without a token (any other playbook) nothing is written.
   - A changed task is recorded with the file or object it manages (for a template or copy, its
     C(dest), not the temporary copy its diff names); a loop, once per changed item.
@@ -84,8 +85,10 @@ class CallbackModule(CallbackBase):
         self._flush()
 
     def _seen(self, result):
-        if self._record is not None and "drift_report" not in result._task.tags:
-            self._record["hosts"].setdefault(result._host.get_name(), [])
+        # written when a host is first seen; later results of a host change nothing to write
+        hosts = None if self._record is None else self._record["hosts"]
+        if hosts is not None and "drift_report" not in result._task.tags and result._host.get_name() not in hosts:
+            hosts[result._host.get_name()] = []
             self._flush()
 
     def v2_runner_on_ok(self, result):

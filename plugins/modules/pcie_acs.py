@@ -241,6 +241,26 @@ kernel_param:
   returned: success
   type: str
   sample: "pci=disable_acs_redir=0000:42:00.0;0000:42:01.0"
+nics:
+  description: The RDMA NICs (GPUDirect peers), with the fields of M(gpufleet.node.pcie_acs_info)'s
+    C(nics), read from the same scan of the tree as the plan (before any write), so that a role
+    needs no separate audit for them.
+  returned: success
+  type: list
+  elements: dict
+  contains:
+    bdf:
+      description: PCI address.
+      type: str
+      sample: "0000:45:00.0"
+    vendor_id:
+      description: PCI vendor ID.
+      type: str
+      sample: "0x15b3"
+    class:
+      description: PCI class code (C(0x0207) InfiniBand, C(0x0200) Ethernet).
+      type: str
+      sample: "0x0207"
 vfio_conflicts:
   description: Devices bound to vfio-pci whose isolation the change would weaken.
   returned: always
@@ -303,7 +323,7 @@ def make_plan(module, result):
         module.fail_json(msg="timeout must be a positive number of seconds, not %d" % params["timeout"], **result)
     try:
         topo = PciTopology.scan(params["sysfs_path"])
-        return plan_acs(topo, params["scope"], devices, params["bits"], params["state"], params["force"])
+        return topo, plan_acs(topo, params["scope"], devices, params["bits"], params["state"], params["force"])
     except AcsPlanError as exc:
         module.fail_json(msg=str(exc), **dict(result, failed_port=exc.port, vfio_conflicts=exc.vfio_conflicts))
     except PciError as exc:
@@ -419,7 +439,7 @@ def main():
         failed_port=None,
         vfio_conflicts=[],
     )
-    plan = make_plan(module, result)
+    topo, plan = make_plan(module, result)
     for text in plan["warnings"]:
         module.warn(text)
 
@@ -438,6 +458,8 @@ def main():
             for p in ports
         ],
         kernel_param=plan["kernel_param"],
+        # the tree is scanned once for the plan: the RDMA NICs come with it (no second audit run)
+        nics=[topo.endpoint_record(bdf) for bdf in topo.nics],
         unchanged_ports=[p["bdf"] for p in ports if not p["write"]],
         ports=[
             {"bdf": p["bdf"], "acs_ctl_before": p["current"], "acs_ctl_after": p["current"], "changed": False}

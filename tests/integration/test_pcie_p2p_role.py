@@ -56,9 +56,14 @@ def test_fix_is_idempotent_and_the_boot_unit_reapplies_it(machine, ansible_env):
     node = machine("l40s-4x-switch")
     assert node.redirected(0, 1)
 
-    rc, stats, _ = play(ansible_env, node.root)
+    rc, stats, result = play(ansible_env, node.root)
     assert rc == 0 and stats["changed"] == 2  # the registers, the unit file
     assert all_pairs_clear(node)
+    # One scan of the tree: pcie_acs's own run carries the RDMA NICs (no separate audit module run).
+    ran = {task["task"]["name"]: task["hosts"]["localhost"] for task in result["plays"][0]["tasks"]}
+    assert not any("Read ACS" in name for name in ran), list(ran)
+    acs = next(r for name, r in ran.items() if "Clear ACS redirect" in name)
+    assert [(n["class"], n["vendor_id"]) for n in acs["nics"]] == [("0x0207", "0x15b3")], acs["nics"]
     unit = (node.root / "etc" / UNIT).read_text()
     execs = re.findall(r"^ExecStart=(.*)$", unit, re.M)
     # Exactly the bridges on the GPU and NIC paths: both root ports, the five downstream ports;

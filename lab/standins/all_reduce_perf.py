@@ -15,7 +15,12 @@ comes from the best ring through the GPUs, each hop valued from what the node is
   x0.48; with P2P off (NCCL_P2P_DISABLE=1, NCCL_P2P_LEVEL below the path, or across sockets
   on a machine without cross-socket P2P) NCCL copies through host memory: x0.72;
 * small sizes ramp up (half the peak at about peak x 25 kB: ~0.6 MB on PCIe Gen4, ~12 MB on
-  NVLink), with ~1 % run-to-run noise (GPUFLEET_LAB_SEED makes it repeatable).
+  NVLink);
+* spread like real hardware at large messages: each machine has its own factor (its silicon,
+  riser and firmware lottery; a gaussian of 0.5 %, at most 1.5 %, fixed by its host name,
+  GPUFLEET_LAB_HOSTNAME where several machines share one) and
+  each figure its own run-to-run noise (0.4 %; GPUFLEET_LAB_SEED makes it repeatable): about
+  1 % between runs and nodes, as nccl-tests outputs of healthy 8x H100/H200 show.
 
 These constants are the lab's own, deliberately not the collection's threshold model
 (plugins/module_utils/_nccl.py): the stand-in must not share the bugs of what it tests.
@@ -29,7 +34,9 @@ results as JSON too.  NCCL_DEBUG=INFO interleaves NCCL log lines as the real lib
 Faults, from the profile's `fault` dict (key `allreduce`) or GPUFLEET_LAB_ALLREDUCE_FAULT (which
 wins): `wrong` (wrong results from 1 MB up, `FAILED` footer, exit 1), `hang` (stops after a few
 rows until killed, or until -T expires), `truncate` (dies mid-table, killed by SIGKILL like the
-OOM killer would), `crash` (an NCCL failure before the first row, exit 1).
+OOM killer would), `crash` (an NCCL failure before the first row, exit 1), `slow` or
+`slow:FACTOR` (every figure x FACTOR, default 0.93: a node slower than its peers for a reason the
+facts do not show, such as a GPU held back by its clocks).
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ from lab.hwmodel import Node
 
 FAULT_ENV = "GPUFLEET_LAB_ALLREDUCE_FAULT"
 SEED_ENV = "GPUFLEET_LAB_SEED"
+#: The machine's host name where several lab machines share one (tests running them locally).
+HOST_ENV = "GPUFLEET_LAB_HOSTNAME"
 
 PCIE_X16_PEAK = {1: 3.0, 2: 6.0, 3: 12.2, 4: 24.3, 5: 47.5, 6: 90.0}
 PATH_FACTOR = {"PIX": 1.0, "PXB": 0.98, "PHB": 0.96, "NODE": 0.74, "SYS": 0.52}
@@ -56,6 +65,9 @@ REDIRECT_FACTOR = 0.48
 HOST_MEMORY_FACTOR = 0.72
 NVLINK_PER_LINK = 26.0
 RAMP_BYTES_PER_GBPS = 25_000
+NODE_SPREAD, NODE_SPREAD_MAX = 0.005, 0.015
+RUN_NOISE = 0.004
+SLOW_FACTOR = 0.93
 LATENCY_US = {"pcie": 11.0, "nvlink": 14.0}
 
 TYPES = {
@@ -110,6 +122,22 @@ def arg_parser():
     p.add_argument("-T", "--timeout", type=int, default=0)
     p.add_argument("-J", "--output_file", default=None)
     return p
+
+
+def node_factor(node, host):
+    """This machine's own factor around 1.0, the same at every run (seeded by its host name and
+    its GPUs' UUIDs: the lab derives the UUIDs from the profile alone)."""
+    seed = host + "/" + ",".join(sorted(str(g.uuid) for g in node.gpus))
+    draw = random.Random("node-spread:" + seed).gauss(1.0, NODE_SPREAD)
+    return min(1.0 + NODE_SPREAD_MAX, max(1.0 - NODE_SPREAD_MAX, draw))
+
+
+def slow_factor(fault):
+    """The factor of the `slow[:FACTOR]` fault, 1.0 for any other."""
+    kind, _, value = fault.partition(":")
+    if kind != "slow":
+        return 1.0
+    return float(value) if value else SLOW_FACTOR
 
 
 class Machine:
@@ -211,7 +239,7 @@ def main(argv=None):
         return 2
     fault = env.get(FAULT_ENV) or node.fault.get("allreduce") or ""
     rng = random.Random(env.get(SEED_ENV) or None)
-    host = socket.gethostname().split(".")[0]
+    host = env.get(HOST_ENV) or socket.gethostname().split(".")[0]
     pid = os.getpid()
     machine = Machine(node, env)
     ngpus = args.ngpus * args.nthreads
@@ -256,6 +284,7 @@ def main(argv=None):
             file=out,
         )
     ring_peak, order, transports = machine.ring(ngpus) if ngpus > 1 else (0.0, (0,), [])
+    ring_peak *= node_factor(node, host) * slow_factor(fault)
     if debug:
         tid = pid + 11
         print(f"{host}:{pid}:{pid} [0] NCCL INFO Bootstrap : Using eth0:10.20.0.{2 + len(host) % 200}<0>", file=out)
@@ -330,7 +359,7 @@ def main(argv=None):
         cells = []
         for _place in ("oop", "ip"):
             if ngpus > 1 and size > 0:
-                peak_alg = ring_peak * rng.gauss(1.0, 0.01) / factor
+                peak_alg = ring_peak * rng.gauss(1.0, RUN_NOISE) / factor
                 time_us = LATENCY_US[kind] + size / (peak_alg * 1e3) * (1.0 + half / (size + 65536.0))
                 algbw = size / (time_us * 1e3)
                 busbw = algbw * factor

@@ -332,15 +332,17 @@ or a bridge redirecting peer traffic must fail the gate, not lower its bar.
 PCIe hop = raw link rate per direction (GT/s x lanes x encoding / 8: Gen3 x16 15.75 GB/s, Gen4
 x16 31.5 GB/s, Gen5 x16 63 GB/s) x a path efficiency by the nvidia-smi topology class:
 PIX/PXB 0.80, PHB 0.78, NODE 0.60, SYS 0.50.  NVLink hop = NV count x 25 GB/s per link per
-direction (50 GB/s from NVLink 5, Blackwell) x 0.80.  The threshold is that figure x
-threshold_fraction (default 0.9).
+direction (50 GB/s from NVLink 5, Blackwell) x 0.80, and x 1.0 through the NVSwitches of a
+Hopper system (NVLink SHARP: 8x H100 = 450 GB/s).  The physics floor is that figure x
+threshold_fraction (default 0.85); once min_samples healthy peers of the same design are in
+the baseline store, the threshold is max(physics floor, baseline_fraction (0.96) x their median).
 Sources of the figures: PCIe Gen4 x16 measures about 25 GB/s at best against 31.5 raw
 (0.80); 4x RTX 4090 reach 22-26 GB/s bus bandwidth with P2P and about 18 through host memory;
-seed 000 gates 4x L40S on two Gen4 switches at 22 GB/s (= 24.6 x 0.9 here); ACS redirect
-roughly halves bus bandwidth (NVIDIA/nccl issue 700); 8-GPU NVLink all-reduce reaches about
-230 GB/s on A100 (12 links: 240 here) and 440-480 GB/s on H100/H200 (18 links: 360 here, so
-NVLink SHARP systems clear the bar with room); Azure's per-SKU floors (228 for 8x A100, 460
-for 8x H100 at 8-16 GB) are of the same order (FACTS.md, nccl-tests section)."""
+ACS redirect roughly halves bus bandwidth (NVIDIA/nccl issue 700); 8-GPU NVLink all-reduce
+reaches about 230 GB/s on A100 (12 links: 240 here) and 440-480 GB/s on H100/H200 with NVLS
+(nccl-tests issue 272: 475 on 8x H200; 18 links: 450 here); Azure's per-SKU floors (228 for
+8x A100, 460 for 8x H100 at 8-16 GB) sit a few percent under healthy figures (FACTS.md,
+nccl-tests section)."""
 
 # The figures (PCIe rates, path-class efficiencies, NVLink rates) and the valuation of one hop
 # live with the path vocabulary in _pcipath; the gate's ring model is here.
@@ -355,13 +357,30 @@ def _pcie(gpu):
     return p
 
 
-def _hop(topology, gi, gj):
-    """(class, expected GB/s, basis) for one ring hop between two GPU fact entries."""
+def _link_class(topology, gi, gj):
     links = topology.get("links") or {}
     cls = (links.get(_gpu_key(gi)) or {}).get(_gpu_key(gj)) or (links.get(_gpu_key(gj)) or {}).get(_gpu_key(gi))
+    return None if cls is None else str(cls).upper()
+
+
+def nvswitch_system(topology):
+    """Whether every GPU of the facts reaches every other over NVLink through NVSwitches (an HGX
+    baseboard): all pairs NV#, more of them than one GPU's links could bond directly."""
+    gpus = sorted(topology.get("gpus") or [], key=lambda g: g["index"])
+    counts = []
+    for gi, gj in itertools.combinations(gpus, 2):
+        count = _pcipath.nvlink_count(_link_class(topology, gi, gj))
+        if count is None:
+            return False
+        counts.append(count)
+    return _pcipath.nvswitch_fabric(counts, len(gpus) - 1)
+
+
+def _hop(topology, gi, gj, switched=False):
+    """(class, expected GB/s, basis) for one ring hop between two GPU fact entries."""
+    cls = _link_class(topology, gi, gj)
     if cls is None:
         raise ValueError(f"the topology facts have no link type between {_gpu_key(gi)} and {_gpu_key(gj)}")
-    cls = str(cls).upper()
     gen = width = None
     if _pcipath.nvlink_count(cls) is None:
         if cls not in _pcipath.PATH_EFFICIENCY:
@@ -375,7 +394,7 @@ def _hop(topology, gi, gj):
                 f"the topology facts lack pcie.gen_max/width_max for {_gpu_key(gi)} or {_gpu_key(gj)}"
             ) from None
     names = str(gi.get("name", "")) + " " + str(gj.get("name", ""))
-    gbps, basis = _pcipath.hop_gbps(cls, gen, width, names)
+    gbps, basis = _pcipath.hop_gbps(cls, gen, width, names, switched)
     return cls, gbps, basis
 
 
@@ -407,8 +426,9 @@ def expected_busbw(topology, count=None, visible=None):
     if len(gpus) < 2:
         raise ValueError("an all-reduce gate needs at least 2 GPUs (bus bandwidth of 1 rank is 0)")
     hops = {}
+    switched = nvswitch_system(topology)
     for a, b in itertools.combinations(range(len(gpus)), 2):
-        hops[(a, b)] = hops[(b, a)] = _hop(topology, gpus[a], gpus[b])
+        hops[(a, b)] = hops[(b, a)] = _hop(topology, gpus[a], gpus[b], switched)
     best = None
     # The ring NCCL would pick: the order whose weakest hop is strongest (n <= 8: 5040 orders).
     for perm in itertools.permutations(range(1, len(gpus))):
@@ -430,7 +450,7 @@ def expected_busbw(topology, count=None, visible=None):
     }
 
 
-def diagnose(topology, environment=None, measured=None, expected=None):
+def diagnose(topology, environment=None, measured=None, expected=None, peer_median=None):
     """Likely causes of a low bus bandwidth, most specific first, from the facts and the NCCL env.
 
     The facts describe the node when they were gathered: a link's trained width rarely changes
@@ -451,6 +471,19 @@ def diagnose(topology, environment=None, measured=None, expected=None):
                 "GPU%s (%s) trained to x%d of x%d%s: a link trained down (reseat the card, check "
                 "the riser/slot and AER errors)" % (g.get("index"), g.get("pci_bus_id", "?"), wc, wm, port)
             )
+    by_name = {}
+    for g in topology.get("gpus") or []:
+        if isinstance(g.get("nvlinks"), int):
+            by_name.setdefault(g.get("name"), []).append(g)
+    for same in by_name.values():
+        most = max(g["nvlinks"] for g in same)
+        for g in sorted(same, key=lambda x: x.get("index", 0)):
+            if g["nvlinks"] < most:
+                causes.append(
+                    "GPU%s (%s) has %d NVLinks active where its peers of the same model have %d: an "
+                    "NVLink down costs its share of the bandwidth (nvidia-smi nvlink -s; reseat or "
+                    "replace the GPU or baseboard)" % (g.get("index"), g.get("pci_bus_id", "?"), g["nvlinks"], most)
+                )
     links = topology.get("links") or {}
     p2p_read = (topology.get("p2p") or {}).get("read") or {}
     redirecting = ((topology.get("pci_tree") or {}).get("redirecting")) or {}
@@ -474,6 +507,12 @@ def diagnose(topology, environment=None, measured=None, expected=None):
         causes.append("NCCL_P2P_DISABLE is set: NCCL copies through host memory")
     if env.get("NCCL_P2P_LEVEL"):
         causes.append(f"NCCL_P2P_LEVEL={env['NCCL_P2P_LEVEL']} may keep NCCL off peer-to-peer on this path")
+    if not causes and measured is not None and peer_median:
+        causes.append(
+            "%.1f %% under the median of this design's healthy peers, with nothing in the facts to "
+            "explain it: a degraded NVLink or riser, a GPU held back by its clocks (nvidia-smi -q -d "
+            "PERFORMANCE), or a busy GPU" % (100.0 * (1.0 - measured / peer_median))
+        )
     if not causes and measured is not None and expected:
         ratio = measured / expected
         if 0.3 <= ratio <= 0.65:
@@ -540,6 +579,7 @@ def judge(
     expected_gbps=None,
     causes=None,
     check=None,
+    rule_text=None,
 ):
     """Fail-closed verdict on one parsed run.
 
@@ -642,7 +682,10 @@ def judge(
     if not measured >= threshold_gbps:
         verdict["kind"] = "low_bandwidth"
         why = "; ".join(causes or []) or "no likely cause found in the facts"
-        model = f" (a healthy node of this design reaches {expected_gbps:.2f})" if expected_gbps else ""
+        if rule_text:
+            model = f": under {rule_text}"
+        else:
+            model = f" (a healthy node of this design reaches {expected_gbps:.2f})" if expected_gbps else ""
         verdict["reason"] = (
             f"bus bandwidth {measured:.2f} GB/s at sizes {sizes} B is under the threshold "
             f"{threshold_gbps:.2f} GB/s{model}; likely cause: {why}"
@@ -652,5 +695,6 @@ def judge(
     verdict["kind"] = "ok"
     verdict["reason"] = (
         f"bus bandwidth {measured:.2f} GB/s at sizes {sizes} B meets the threshold {threshold_gbps:.2f} GB/s"
+        + (f": {rule_text}" if rule_text else "")
     )
     return verdict

@@ -76,6 +76,20 @@ NVLINK_GBPS_PER_LINK = 25.0
 NVLINK5_GBPS_PER_LINK = 50.0
 NVLINK_EFFICIENCY = 0.80
 _NVLINK5_NAMES = ("B100", "B200", "B300", "GB200", "GB300")
+#: NVSwitch systems of the NVLink SHARP (NVLS) era: the switch reduces in the fabric, so an
+#: 8-GPU all-reduce reaches about the full per-link rate as bus bandwidth (published: 440-480 GB/s
+#: on 8x H100/H200 with 18 links, nccl-tests issue 272: 475 on 8x H200). Hopper only: no
+#: published NVLS figure backs Blackwell yet, which stays at NVLINK_EFFICIENCY.
+NVLS_EFFICIENCY = 1.0
+_NVLS_NAMES = ("H100", "H200", "H800", "H20", "GH200")
+#: The most NVLinks one GPU has (H100/B200: 18): a GPU shown NV# to more peers than that allows
+#: (count x peers > this) reaches them through NVSwitches.
+NVLINK_MAX_LINKS = 18
+
+
+def nvswitch_fabric(counts, peers):
+    """Whether NV# links of ``counts`` to each of ``peers`` GPUs can only go through NVSwitches."""
+    return peers >= 2 and bool(counts) and min(counts) * peers > NVLINK_MAX_LINKS
 
 
 def pcie_raw_gbps(gen, width):
@@ -85,21 +99,24 @@ def pcie_raw_gbps(gen, width):
     return PCIE_GTS[gen] * width * PCIE_ENCODING[gen] / 8.0
 
 
-def hop_gbps(link, gen=None, width=None, names=""):
+def hop_gbps(link, gen=None, width=None, names="", switched=False):
     """``(GB/s, basis)`` an all-reduce hop reaches on one path of class ``link``.
 
     NVLink: count x per-link rate (NVLink 5 when ``names`` holds a Blackwell GPU name) x
-    efficiency; PCIe: the raw rate of ``gen`` x ``width`` x the class's efficiency. ValueError on
-    an unknown class or link.
+    efficiency (NVLS_EFFICIENCY through the NVSwitches of a Hopper system, ``switched``);
+    PCIe: the raw rate of ``gen`` x ``width`` x the class's efficiency. ValueError on an unknown
+    class or link.
     """
     count = nvlink_count(link)
     if count is not None:
-        per_link = (
-            NVLINK5_GBPS_PER_LINK if any(n in str(names).upper() for n in _NVLINK5_NAMES) else NVLINK_GBPS_PER_LINK
-        )
+        upper = str(names).upper()
+        nvlink5 = any(n in upper for n in _NVLINK5_NAMES)
+        per_link = NVLINK5_GBPS_PER_LINK if nvlink5 else NVLINK_GBPS_PER_LINK
+        nvls = switched and not nvlink5 and any(n in upper for n in _NVLS_NAMES)
+        eff = NVLS_EFFICIENCY if nvls else NVLINK_EFFICIENCY
         return (
-            count * per_link * NVLINK_EFFICIENCY,
-            "%s: %d links x %g GB/s x %g" % (link, count, per_link, NVLINK_EFFICIENCY),
+            count * per_link * eff,
+            "%s%s: %d links x %g GB/s x %g" % (link, " via NVSwitch (NVLS)" if nvls else "", count, per_link, eff),
         )
     if link not in PATH_EFFICIENCY:
         raise ValueError("unknown link type %r" % (link,))

@@ -22,8 +22,19 @@ description:
     average footer), a C(#wrong) of C(N/A) while O(check) asked for validation, or a bus
     bandwidth under the threshold.
   - "O(min_busbw_gbps=auto) derives the threshold from the GPU topology facts
-    (C(ansible_facts.gpu_topology) from M(gpufleet.node.gpu_topology_facts)): the bus bandwidth
-    a HEALTHY node of this design reaches, times O(threshold_fraction). The model: the expected
+    (C(ansible_facts.gpu_topology) from M(gpufleet.node.gpu_topology_facts)) and the node's peers:
+    C(max(physics floor, baseline_fraction x baseline)). The physics floor is the bus bandwidth
+    the model gives a HEALTHY node of this design, times O(threshold_fraction); the baseline is
+    the median of the latest healthy figures of the other nodes of the same design key (from
+    O(baselines), outliers dropped), used once there are O(baseline_min_samples) of them. The
+    verdict says which rule decided."
+  - "The design key (RV(design_key)) is computed from what the hardware is built to be: GPU
+    model and count, the link class and number of PCIe bridges between every GPU pair (an NVLink
+    pair counts as NV whatever its active link count), the PCIe generation and width maximums,
+    the NVLink capability of the model, NVSwitch or not, and the RDMA NICs (vendor:device, read
+    from the sysfs tree). A GPU trained to x8 or an inactive NVLink keeps the key, so that node
+    is judged against its healthy peers."
+  - "The physics model: the expected
     bus bandwidth is that of the weakest hop of the best ring NCCL can build through the GPUs,
     each hop valued for the node's design (the maximum PCIe generation and width of the two
     GPUs' links, the NVLink count), never for how the links trained today, so a link trained
@@ -31,15 +42,17 @@ description:
   - "PCIe hop: raw rate per direction (GT/s x lanes x encoding / 8; Gen3 x16 15.75 GB/s, Gen4
     x16 31.5 GB/s, Gen5 x16 63 GB/s) x a path efficiency by the nvidia-smi topology class:
     PIX and PXB 0.80, PHB 0.78, NODE 0.60, SYS 0.50. NVLink hop: the NV count x 25 GB/s per
-    link per direction (50 GB/s for NVLink 5, Blackwell) x 0.80."
+    link per direction (50 GB/s for NVLink 5, Blackwell) x 0.80, and x 1.0 through the
+    NVSwitches of a Hopper system (NVLink SHARP; 8x H100 = 450 GB/s)."
   - "Sources of the figures: PCIe Gen4 x16 measures about 25 GB/s at best against 31.5 raw
-    (0.80); 4x RTX 4090 reach 22-26 GB/s with P2P and about 18 through host memory; a 4x L40S
-    node on two Gen4 switches is gated at 22 GB/s in the field (24.6 x 0.9 here); ACS redirect
-    roughly halves bus bandwidth (NVIDIA/nccl issue 700); 8-GPU NVLink all-reduce reaches about
-    230 GB/s on A100 (12 links, 240 here) and 440-480 GB/s on H100/H200 (18 links, 360 here:
-    NVLink SHARP systems clear it with room); Azure's per-SKU floors (228 for 8x A100, 460 for
-    8x H100 at 8-16 GB messages) are of the same order. No peer tool derives its threshold from
-    the topology; fixed per-SKU floors are the usual practice."
+    (0.80); 4x RTX 4090 reach 22-26 GB/s with P2P and about 18 through host memory; ACS
+    redirect roughly halves bus bandwidth (NVIDIA/nccl issue 700); 8-GPU NVLink all-reduce
+    reaches about 230 GB/s on A100 (12 links, 240 here) and 440-480 GB/s on H100/H200 with
+    NVLS (nccl-tests issue 272: 475 on 8x H200; 450 here); Azure's per-SKU floors (228 for 8x
+    A100, 460 for 8x H100 at 8-16 GB messages) sit about 4 % under healthy figures, which is
+    where O(baseline_fraction) comes from. No peer tool derives its threshold from the topology
+    or from the fleet's own healthy nodes; fixed per-SKU floors kept by hand are the usual
+    practice."
   - Read-only as far as the host is concerned; it reports C(changed=false).
 author:
   - gpufleet.node developers (@gpufleet)
@@ -66,9 +79,46 @@ options:
     type: dict
   threshold_fraction:
     description:
-      - With O(min_busbw_gbps=auto), the threshold is the expected bus bandwidth times this.
+      - With O(min_busbw_gbps=auto), the physics floor is the expected bus bandwidth times this.
+        It decides alone until the peer baseline has O(baseline_min_samples) nodes.
+      - 0.85 catches every fault the model knows (ACS redirect about x0.5, a GPU at x8 x0.5,
+        copies through host memory x0.72) with room for the model's error across platforms
+        (the lab's healthy PCIe nodes reach 0.94-0.95 of the model); the peers judge closer.
     type: float
-    default: 0.9
+    default: 0.85
+  baselines:
+    description:
+      - "The peer baselines, as M(gpufleet.node.nccl_baseline) with C(state=read) returns them in its
+        C(designs): C({design_key: {samples: [{host, gbps, timestamp}]}}), or C({design_key: {error: why}})
+        for a design whose file is corrupt (the physics floor then decides, with a warning)."
+      - Only this node's design key is used; its own samples are left out (O(host)).
+    type: dict
+    default: {}
+  baseline_fraction:
+    description:
+      - With a baseline, the threshold is at least this times the median of the peers.
+      - "0.96: Azure's HPC health checks gate 8x H100 at 460 GB/s, about 96 % of the 475-480
+        healthy systems reach; healthy nodes spread about 1 % between runs and nodes at large
+        messages (the lab's eight H100 nodes: see the README), four standard deviations above
+        0.96, and one NVLink of 18 down costs 5.6 %, under 0.96 on any node."
+    type: float
+    default: 0.96
+  baseline_min_samples:
+    description: Peers of the same design the baseline needs before it counts.
+    type: int
+    default: 5
+  baseline_window:
+    description: The baseline is the median of at most this many peers, the most recent.
+    type: int
+    default: 50
+  host:
+    description: This node's name in the baseline store (its own figures are not its peers).
+    type: str
+  sysfs_path:
+    description:
+      - The sysfs PCI tree the RDMA NICs of the design key are read from. Default the tree the
+        topology facts were read from (C(pci_tree.sysfs_path)), else C(/sys/bus/pci).
+    type: path
   min_bytes:
     description:
       - Smallest message size (C(-b)), in bytes or with a K, M or G suffix (powers of 1024).
@@ -203,6 +253,37 @@ expected_busbw_gbps:
   returned: always
   type: float
   sample: 24.58
+design_key:
+  description: The node's design key (see the description); C(null) without topology facts.
+  returned: always
+  type: str
+  sample: h100-80gb-hbm3-8x-nvswitch-4f1c0a9e
+design:
+  description: What the design key was computed from (C(gpu_count), C(gpus), C(pairs), C(nvswitch), C(nics)).
+  returned: always
+  type: dict
+rule:
+  description: Which rule set the threshold - C(peer_median), C(physics_floor), or C(fixed) (a number was given).
+  returned: always
+  type: str
+  sample: peer_median
+physics_floor_gbps:
+  description: With O(min_busbw_gbps=auto), the expected bus bandwidth x O(threshold_fraction); else C(null).
+  returned: always
+  type: float
+  sample: 382.5
+baseline:
+  description: With O(min_busbw_gbps=auto), the peer baseline of this design; else C(null).
+  returned: always
+  type: dict
+  contains:
+    median_gbps: {description: Median of the peers kept (C(null) without any)., type: float, sample: 464.71}
+    count: {description: Peers behind the median., type: int, sample: 7}
+    hosts: {description: Their names., type: list, elements: str}
+    outliers: {description: "Peers dropped as outliers, C([{host, gbps}]).", type: list, elements: dict}
+    threshold_gbps: {description: "O(baseline_fraction) x the median, once O(baseline_min_samples) peers exist.", type: float}
+    problem: {description: "Why the design's baseline could not be used (a corrupt file), else C(null).", type: str}
+    rule_text: {description: "The rule in words, as the reason quotes it.", type: str}
 model:
   description: With O(min_busbw_gbps=auto), how the expectation was derived; else C(null).
   returned: always
@@ -311,7 +392,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _nccl
+from ansible_collections.gpufleet.node.plugins.module_utils import _baseline, _design, _nccl, _pci
 
 SEARCH_DIRS = ["/usr/local/bin", "/opt/nccl-tests/build", "/usr/local/nccl-tests/build"]
 #: The result's keys that only a run (or check mode) fills.
@@ -341,13 +422,73 @@ def _visible_devices(environment, topology):
     return picked
 
 
+def _design_of(module, topology):
+    """``(key, descriptor)`` of this node's design, or ``(None, None)`` without GPU facts. The
+    RDMA NICs come from the sysfs tree the facts were read from (O(sysfs_path) first); a tree
+    that cannot be read leaves them out of the key, with a warning."""
+    if not (topology or {}).get("gpus"):
+        return None, None
+    sysfs = (
+        module.params["sysfs_path"] or ((topology.get("pci_tree") or {}).get("sysfs_path")) or _pci.DEFAULT_SYSFS_PATH
+    )
+    try:
+        nics = _design.rdma_nics(sysfs)
+    except (_pci.PciError, OSError) as e:
+        module.warn(f"the design key leaves the RDMA NICs out: cannot read the PCI tree at {sysfs}: {e}")
+        nics = ["unknown"]
+    try:
+        return _design.design_key(topology, nics)
+    except (ValueError, KeyError, TypeError) as e:
+        module.fail_json(msg=f"cannot derive the design key from the topology facts: {e}")
+
+
+def _decide(module, expected, design_key):
+    """The auto threshold: max(physics floor, fraction x the median of this design's peers)."""
+    p = module.params
+    entry = (p["baselines"] or {}).get(design_key) if design_key else None
+    stat, problem = None, None
+    if isinstance(entry, dict) and entry.get("error"):
+        problem = str(entry["error"])
+        module.warn(f"the peer baseline of design {design_key} is not used: {problem}")
+    elif isinstance(entry, dict):
+        stat = _baseline.statistic(entry.get("samples") or [], p["host"], p["baseline_window"])
+    decision = _baseline.decide(
+        expected, p["threshold_fraction"], design_key, stat, p["baseline_fraction"], p["baseline_min_samples"]
+    )
+    if problem:
+        decision["rule_text"] += f" (the baseline store's file for this design is corrupt: {problem})"
+    decision["problem"] = problem
+    return decision
+
+
+def _baseline_result(decision):
+    if not decision:
+        return None
+    stat = decision["baseline"]
+    return dict(
+        median_gbps=stat["median"],
+        count=stat["count"],
+        hosts=stat["hosts"],
+        outliers=stat["outliers"],
+        threshold_gbps=decision["baseline_gbps"],
+        problem=decision["problem"],
+        rule_text=decision["rule_text"],
+    )
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
             topology=dict(type="dict"),
             binary=dict(type="path", default="all_reduce_perf"),
             min_busbw_gbps=dict(type="str", default="auto"),
-            threshold_fraction=dict(type="float", default=0.9),
+            threshold_fraction=dict(type="float", default=0.85),
+            baselines=dict(type="dict", default={}),
+            baseline_fraction=dict(type="float", default=_baseline.DEFAULT_FRACTION),
+            baseline_min_samples=dict(type="int", default=_baseline.DEFAULT_MIN_SAMPLES),
+            baseline_window=dict(type="int", default=_baseline.DEFAULT_WINDOW),
+            host=dict(type="str"),
+            sysfs_path=dict(type="path"),
             gpus=dict(type="int"),
             min_bytes=dict(type="str", default="256M"),
             max_bytes=dict(type="str", default="4G"),
@@ -364,6 +505,8 @@ def main():
     environment = p["environment"] or {}
     topology = p["topology"]
 
+    if p["baseline_min_samples"] < 1 or p["baseline_window"] < 1:
+        module.fail_json(msg="baseline_min_samples and baseline_window must be at least 1")
     for name in COUNTS:
         if p[name] < 1:
             module.fail_json(msg=f"{name} must be at least 1, got {p[name]}")
@@ -384,7 +527,16 @@ def main():
             "gpufleet.node.gpu_topology_facts or set gpus"
         )
 
-    expected, model = None, None
+    design_key, design = _design_of(module, topology)
+    if design_key:
+        try:
+            used = sorted(g["index"] for g in _nccl.select_gpus(topology, gpus, visible))
+        except ValueError:
+            used = None
+        if used is not None and len(used) != design["gpu_count"]:
+            # A run over some of the GPUs is its own design: its figures are not the whole node's.
+            design_key = "%s-g%s" % (design_key, "-".join(map(str, used)))
+    expected, model, decision = None, None, None
     if p["min_busbw_gbps"].strip().lower() == "auto":
         try:
             model = _nccl.expected_busbw(topology, gpus, visible)
@@ -397,7 +549,10 @@ def main():
         expected = model.pop("expected_gbps")
         if not 0 < p["threshold_fraction"] <= 1.5:  # false for NaN too
             module.fail_json(msg=f"threshold_fraction must be in (0, 1.5], got {p['threshold_fraction']}")
-        threshold = round(expected * p["threshold_fraction"], 2)
+        if not 0 < p["baseline_fraction"] <= 1.5:
+            module.fail_json(msg=f"baseline_fraction must be in (0, 1.5], got {p['baseline_fraction']}")
+        decision = _decide(module, expected, design_key)
+        threshold = decision["threshold_gbps"]
     else:
         try:
             threshold = float(p["min_busbw_gbps"])
@@ -424,7 +579,18 @@ def main():
     )
 
     # What is known before measuring; the verdict's keys stay null until a run gives them.
-    result = dict(changed=False, cmd=argv, threshold_gbps=threshold, expected_busbw_gbps=expected, model=model)
+    result = dict(
+        changed=False,
+        cmd=argv,
+        threshold_gbps=threshold,
+        expected_busbw_gbps=expected,
+        model=model,
+        design_key=design_key,
+        design=design,
+        rule=decision["rule"] if decision else "fixed",
+        physics_floor_gbps=decision["physics_floor_gbps"] if decision else None,
+        baseline=_baseline_result(decision),
+    )
     result.update(dict.fromkeys(VERDICT_KEYS), rows=[], runs=[], duration_s=0.0)
 
     if module.check_mode:
@@ -446,7 +612,8 @@ def main():
         if rows and not timed_out:
             measured = _nccl.judged_busbw(rows, p["judge_sizes"])[0]
             if measured < threshold:
-                causes = _nccl.diagnose(topology, environment, measured, expected or threshold)
+                peer_median = decision["baseline"]["median"] if decision and decision["rule"] == "peer_median" else None
+                causes = _nccl.diagnose(topology, environment, measured, expected or threshold, peer_median)
         verdict = _nccl.judge(
             parsed,
             threshold,
@@ -457,6 +624,7 @@ def main():
             expected_gbps=expected,
             causes=causes,
             check=p["check"],
+            rule_text=decision["rule_text"] if decision else None,
         )
         result["duration_s"] = round(result["duration_s"] + duration, 3)
         # Ansible fails any result whose rc is not 0, so rc is only there when the process exited.

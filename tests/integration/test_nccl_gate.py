@@ -86,25 +86,31 @@ def test_acs_on_fails_pcie_acs_clears_it_then_passes(ansible_env, tmp_path, lab_
     proc, recap = fleet.run(ansible_env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert recap["seed000"]["failed"] == 1 and recap["h100"]["failed"] == 0
-    assert "is under the threshold 22.12 GB/s (a healthy node of this design reaches 24.58)" in proc.stdout
+    assert "is under the threshold 20.89 GB/s: under the physics floor 20.89 GB/s (0.85 x the 24.58 GB/s" in proc.stdout
     assert "redirecting bridges: 0000:42:00.0, 0000:42:01.0, 0000:47:00.0, 0000:47:01.0" in proc.stdout
 
     marker = fleet.marker("seed000")
     assert marker["passed"] is False and marker["kind"] == "low_bandwidth"
     assert marker["boot_id"] == fleet.boot_id("seed000")
-    assert marker["threshold_gbps"] == 22.12 and 9 < marker["judged_busbw_gbps"] < 13
+    assert marker["threshold_gbps"] == 20.89 and 9 < marker["judged_busbw_gbps"] < 13
+    assert marker["rule"] == "physics_floor" and marker["design_key"].startswith("l40s-4x-pcie-")
     result = fleet.result("seed000")
     assert result["passed"] is False and result["host"] == "seed000"
     assert [r["size"] for r in result["rows"]] == [256 << 20, 512 << 20, 1 << 30, 2 << 30, 4 << 30]
     assert result["model"]["worst_link"] == "PHB" and result["expected_busbw_gbps"] == 24.58
     metrics = fleet.metrics("seed000")
     assert metrics["gpufleet_nccl_gate_passed"] == [({"kind": "low_bandwidth"}, 0.0)]
-    assert metrics["gpufleet_nccl_gate_threshold_gbps"] == [({}, 22.12)]
+    assert metrics["gpufleet_nccl_gate_threshold_gbps"] == [({}, 20.89)]
+    assert metrics["gpufleet_nccl_gate_design_info"] == [
+        ({"design_key": marker["design_key"], "rule": "physics_floor"}, 1.0)
+    ]
+    assert metrics["gpufleet_nccl_gate_physics_floor_gbps"] == [({}, 20.89)]
+    assert metrics["gpufleet_nccl_gate_baseline_samples"] == [({}, 0.0)]
     assert metrics["gpufleet_nccl_gate_timestamp_seconds"][0][1] == pytest.approx(result["timestamp"])
     busbw = {(lab["size_bytes"], lab["placement"]): v for lab, v in metrics["gpufleet_nccl_allreduce_busbw_gbps"]}
     assert len(busbw) == 10 and busbw[(str(4 << 30), "in_place")] == result["rows"][-1]["busbw_ip"]
     assert fleet.marker("h100")["passed"] is True
-    assert fleet.metrics("h100")["gpufleet_nccl_gate_judged_busbw_gbps"][0][1] > 324
+    assert fleet.metrics("h100")["gpufleet_nccl_gate_judged_busbw_gbps"][0][1] > 382.5
 
     # 2. pcie_acs clears ReqRedir/CmpltRedir/EgressCtrl on the GPU paths: the same gate passes.
     proc, recap = fleet.run(ansible_env, clear_acs=True)
@@ -140,7 +146,7 @@ def test_link_trained_down_fails_with_acs_cleared(ansible_env, tmp_path, lab_nod
     proc, recap = fleet.run(ansible_env, clear_acs=True)
     assert proc.returncode == 2 and recap["degraded"]["failed"] == 1
     result = fleet.result("degraded")
-    assert result["passed"] is False and result["threshold_gbps"] == 22.12
+    assert result["passed"] is False and result["threshold_gbps"] == 20.89
     assert "GPU2 (0000:48:00.0) trained to x8 of x16 below port 0000:47:00.0" in result["reason"]
     assert fleet.metrics("degraded")["gpufleet_nccl_gate_passed"][0][1] == 0.0
 

@@ -44,6 +44,7 @@ def lab_args(node, **extra):
         "min_bytes": "256M",
         "max_bytes": "4G",
         "environment": {"GPUFLEET_LAB_ROOT": str(node.root), "GPUFLEET_LAB_SEED": "7"},
+        "sysfs_path": str(node.sysfs),
     }
     args.update(extra)
     return args
@@ -69,7 +70,9 @@ def test_acs_on_fails_with_measured_expected_and_cause(lab_node):
     node = lab_node("l40s-4x-switch")
     res = run_module(lab_args(node))
     assert res["failed"] and res["passed"] is False and res["kind"] == "low_bandwidth"
-    assert res["threshold_gbps"] == 22.12 and res["expected_busbw_gbps"] == 24.58
+    assert res["threshold_gbps"] == 20.89 and res["expected_busbw_gbps"] == 24.58
+    assert res["rule"] == "physics_floor" and res["physics_floor_gbps"] == 20.89
+    assert res["design_key"].startswith("l40s-4x-pcie-") and res["design"]["nics"] == ["15b3:101b"]
     assert 9.0 < res["judged_busbw_gbps"] < 13.0  # about half: through the root complex
     assert res["model"] == {
         "worst_link": "PHB",
@@ -77,7 +80,10 @@ def test_acs_on_fails_with_measured_expected_and_cause(lab_node):
         "ring": [0, 1, 2, 3],
         "basis": "PHB: PCIe Gen4 x16 31.51 GB/s x 0.78",
     }
-    assert "is under the threshold 22.12 GB/s (a healthy node of this design reaches 24.58)" in res["reason"]
+    assert (
+        "is under the threshold 20.89 GB/s: under the physics floor 20.89 GB/s (0.85 x the 24.58 GB/s "
+        "the model gives a healthy node of this design); no peer baseline yet for design l40s-4x-pcie-"
+    ) in res["reason"]
     assert "ACS redirect on a bridge between the GPUs" in res["reason"]
     assert res["msg"].startswith(f"NCCL all-reduce gate failed on {STANDIN} -b 268435456 -e 4294967296")
     assert "# Out of bounds values : 0 OK" in res["stdout"]
@@ -90,6 +96,10 @@ def test_acs_cleared_passes(lab_node):
     assert not res.get("failed") and res["passed"] is True and res["kind"] == "ok"
     assert res["changed"] is False
     assert 22.12 <= res["judged_busbw_gbps"] < 25.0
+    assert res["reason"].endswith(
+        ": the physics floor 20.89 GB/s (0.85 x the 24.58 GB/s the model gives a healthy node "
+        f"of this design); no peer baseline yet for design {res['design_key']}"
+    )
     assert [r["size"] for r in res["rows"]] == [256 << 20, 512 << 20, 1 << 30, 2 << 30, 4 << 30]
     assert res["cmd"] == [
         str(STANDIN),
@@ -118,15 +128,67 @@ def test_link_trained_down_fails_even_with_acs_cleared(lab_node):
     clear_acs(node)
     res = run_module(lab_args(node, topology=topology_facts(node), repeats=2))
     assert res["failed"] and res["kind"] == "low_bandwidth" and len(res["runs"]) == 2
-    assert res["threshold_gbps"] == 22.12  # the design's bar, not the degraded link's
+    assert res["threshold_gbps"] == 20.89  # the design's bar, not the degraded link's
+    healthy = run_module(lab_args(lab_node("l40s-4x-switch"), check=False), check_mode=True)
+    assert res["design_key"] == healthy["design_key"]  # ... and the design's key
     assert "GPU2 (0000:48:00.0) trained to x8 of x16 below port 0000:47:00.0: a link trained down" in res["reason"]
 
 
 def test_nvlink_node_passes_whatever_acs_says(lab_node):
     node = lab_node("h100-sxm-8x")
     res = run_module(lab_args(node, min_bytes="1G", max_bytes="8G"))
-    assert res["passed"] is True and res["threshold_gbps"] == 324.0
+    assert res["passed"] is True and res["threshold_gbps"] == 382.5  # 0.85 x 450 (NVLS)
     assert res["judged_busbw_gbps"] > 430
+
+
+def _peers(median, count=7, design=None):
+    return {
+        "samples": [
+            {"host": f"peer{i}", "gbps": median + (i - count // 2) * 0.5, "timestamp": 1.7e9 + i} for i in range(count)
+        ]
+    }
+
+
+def test_one_nvlink_down_fails_against_the_peers_but_not_the_physics_floor(lab_node):
+    node = lab_node("h100-sxm-8x")
+    healthy = run_module(lab_args(node, min_bytes="2G", max_bytes="4G"), check_mode=True)
+    key = healthy["design_key"]
+    assert key.startswith("h100-80gb-hbm3-8x-nvswitch-") and healthy["design"]["nics"] == ["15b3:1021"] * 4
+    node.inject("nvlink-down", gpu=3)  # at once, no reboot: 17 of 18 links carry traffic
+    alone = run_module(lab_args(node, min_bytes="2G", max_bytes="4G"))
+    assert alone["passed"] is True and alone["rule"] == "physics_floor" and alone["design_key"] == key
+    assert 430 < alone["judged_busbw_gbps"] < 450  # 1/18 under the healthy ~466
+    # Four peers are not enough (min 5): the physics floor still decides, and says so.
+    few = run_module(lab_args(node, min_bytes="2G", max_bytes="4G", baselines={key: _peers(466.0, 4)}))
+    assert few["passed"] is True and few["rule"] == "physics_floor"
+    assert f"the peer baseline of design {key} has 4 of the 5 healthy nodes it needs" in few["reason"]
+    # Its own earlier figure is not a peer's; an outlier and another design do not count.
+    peers = _peers(466.0, 7)
+    peers["samples"] += [
+        {"host": "node-under-test", "gbps": 300.0, "timestamp": 1.8e9},
+        {"host": "odd", "gbps": 120.0, "timestamp": 1.8e9},
+    ]
+    res = run_module(
+        lab_args(
+            node,
+            min_bytes="2G",
+            max_bytes="4G",
+            host="node-under-test",
+            baselines={key: peers, "l40s-4x-pcie-00000000": _peers(23.0)},
+        )
+    )
+    assert res["failed"] and res["kind"] == "low_bandwidth" and res["rule"] == "peer_median"
+    assert res["threshold_gbps"] == 447.36 and res["physics_floor_gbps"] == 382.5
+    assert res["baseline"]["count"] == 7 and res["baseline"]["outliers"] == [{"host": "odd", "gbps": 120.0}]
+    assert (
+        f"is under the threshold 447.36 GB/s: under 0.96 x the median 466.0 GB/s of 7 healthy nodes of design {key}"
+    ) in res["reason"]
+    assert "% under the median of this design's healthy peers" in res["reason"]
+    # A corrupt file of its design is reported in the verdict; the physics floor decides.
+    broken = run_module(lab_args(node, min_bytes="2G", max_bytes="4G", baselines={key: {"error": "not JSON"}}))
+    assert broken["passed"] is True and broken["rule"] == "physics_floor"
+    assert "the baseline store's file for this design is corrupt: not JSON" in broken["reason"]
+    assert broken["baseline"]["problem"] == "not JSON"
 
 
 def test_vfio_bound_gpu_is_not_there_for_cuda(lab_node):
@@ -286,7 +348,7 @@ def test_check_mode_does_not_run(tmp_path, lab_node):
     res = run_module(lab_args(node, binary=binary), check_mode=True)
     assert not res.get("failed") and res["passed"] is None and res["kind"] == "check_mode"
     assert "rc" not in res, "Ansible fails any result whose rc is not 0, None included"
-    assert res["threshold_gbps"] == 22.12 and res["cmd"][0] == binary
+    assert res["threshold_gbps"] == 20.89 and res["cmd"][0] == binary
     assert not ran.exists()
 
 

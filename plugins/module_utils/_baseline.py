@@ -1,0 +1,373 @@
+# -*- coding: utf-8 -*-
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The NCCL gate's peer baselines: what the healthy nodes of one design measured, and the rule
+that turns them into a threshold. Plain Python, no Ansible.
+
+* **The store** (``Store``): a directory on the controller, one JSON file per design key
+  (``<key>.json``), each holding the latest healthy verdict of each node of that design (at most
+  ``window`` nodes, the most recent). One writer at a time (``fcntl.flock`` on ``.lock`` in the
+  directory; readers take it shared), every write atomic (a temporary file in the same directory,
+  fsync, rename). A file that does not parse, is not of this format, names another design or
+  fails its checksum is CORRUPT: it is reported (``BaselineCorrupt``), never rewritten, so the
+  figures in it are not silently lost; move it away or repair it.
+* **The statistic** (``statistic``): the median of the peers' latest healthy figures, the judged
+  node itself left out, after dropping outliers (further from the median than 3.5 robust standard
+  deviations, 1.4826 x the median absolute deviation, and never closer than 2 %).
+* **The rule** (``decide``): ``max(physics floor, fraction x baseline)``. The physics floor is
+  the model's expectation x ``threshold_fraction``; the baseline counts once it has
+  ``min_samples`` peers. The default fraction, 0.96, is the anchors' (Azure's HPC health checks
+  gate 8x H100 at 460 GB/s, about 96 % of the 475-480 healthy systems reach) and sits between
+  the healthy spread (about 1 % between runs and nodes at large messages: 4 standard deviations
+  above 0.96) and one NVLink down of 18 (-5.6 %, under 0.96 even on the best node).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+
+FORMAT = 1
+DEFAULT_FRACTION = 0.96
+DEFAULT_MIN_SAMPLES = 5
+DEFAULT_WINDOW = 50
+#: Outliers: further from the median than this many robust standard deviations ...
+OUTLIER_SIGMAS = 3.5
+#: ... and than this fraction of the median (a baseline of identical figures has a MAD of 0).
+OUTLIER_MIN_RELATIVE = 0.02
+MAD_TO_SIGMA = 1.4826
+LOCK_NAME = ".lock"
+_KEY_RE = re.compile(r"^[a-z0-9][a-z0-9.+-]{0,199}$")
+
+
+class BaselineError(Exception):
+    """The store cannot be used (a directory that cannot be created or locked, a bad key)."""
+
+
+class BaselineCorrupt(BaselineError):
+    """A design's file is not a baseline this code wrote; it is left as it is."""
+
+    def __init__(self, path, reason):
+        super().__init__(
+            "the baseline file %s is corrupt (%s): it was left untouched; repair it or move it away "
+            "(the design's peers then start a new baseline)" % (path, reason)
+        )
+        self.path = path
+        self.reason = reason
+
+
+# --------------------------------------------------------------------------------------------
+# Verdicts and the statistic
+# --------------------------------------------------------------------------------------------
+
+
+def _finite_positive(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def healthy_sample(verdict):
+    """The store entry for one gate verdict, or None when it does not count: only a verdict that
+    passed (``kind`` ``ok``, ``passed`` true) with a finite judged figure and a design key."""
+    if not isinstance(verdict, dict):
+        return None
+    passed = verdict.get("passed")
+    if not (passed is True or str(passed).lower() == "true") or verdict.get("kind") != "ok":
+        return None
+    try:
+        gbps = float(verdict.get("judged_busbw_gbps"))
+        timestamp = float(verdict.get("timestamp"))
+    except (TypeError, ValueError):
+        return None
+    key = verdict.get("design_key")
+    if not _finite_positive(gbps) or not math.isfinite(timestamp) or not key or not verdict.get("host"):
+        return None
+    return {
+        "host": str(verdict["host"]),
+        "gbps": round(gbps, 3),
+        "timestamp": timestamp,
+        "boot_id": verdict.get("boot_id"),
+        "design_key": str(key),
+    }
+
+
+def median(values):
+    values = sorted(values)
+    n = len(values)
+    if not n:
+        return None
+    mid = n // 2
+    return values[mid] if n % 2 else (values[mid - 1] + values[mid]) / 2.0
+
+
+def latest_per_host(samples, exclude_host=None, window=DEFAULT_WINDOW):
+    """The latest sample of each host (``exclude_host`` left out), most recent first, at most ``window``."""
+    latest = {}
+    for s in samples:
+        if s["host"] == exclude_host:
+            continue
+        if s["host"] not in latest or s["timestamp"] > latest[s["host"]]["timestamp"]:
+            latest[s["host"]] = s
+    ordered = sorted(latest.values(), key=lambda s: (-s["timestamp"], s["host"]))
+    return ordered[: max(0, int(window))]
+
+
+def statistic(samples, exclude_host=None, window=DEFAULT_WINDOW):
+    """The robust baseline of a design's samples (see the module docstring).
+
+    Returns ``median`` (GB/s, None without samples), ``count`` (nodes behind it), ``hosts``,
+    ``outliers`` (``[{host, gbps}]`` dropped). Samples that are not healthy figures are ignored.
+    """
+    usable = [s for s in samples or [] if isinstance(s, dict) and _finite_positive(s.get("gbps"))]
+    peers = latest_per_host(usable, exclude_host, window)
+    first = median([s["gbps"] for s in peers])
+    if first is None:
+        return {"median": None, "count": 0, "hosts": [], "outliers": []}
+    mad = median([abs(s["gbps"] - first) for s in peers])
+    limit = max(OUTLIER_SIGMAS * MAD_TO_SIGMA * mad, OUTLIER_MIN_RELATIVE * first)
+    kept = [s for s in peers if abs(s["gbps"] - first) <= limit]
+    dropped = [{"host": s["host"], "gbps": s["gbps"]} for s in peers if abs(s["gbps"] - first) > limit]
+    return {
+        "median": round(median([s["gbps"] for s in kept]), 2),
+        "count": len(kept),
+        "hosts": sorted(s["host"] for s in kept),
+        "outliers": dropped,
+    }
+
+
+def decide(
+    expected_gbps, threshold_fraction, design_key, stat=None, fraction=DEFAULT_FRACTION, min_samples=DEFAULT_MIN_SAMPLES
+):
+    """``max(physics floor, fraction x baseline)``, and which of them decided.
+
+    Returns ``threshold_gbps``, ``rule`` (``peer_median`` or ``physics_floor``), ``rule_text``
+    (the words a verdict uses after "under"/"meets"), ``physics_floor_gbps``,
+    ``baseline_gbps`` (fraction x median, None until ``min_samples`` peers), ``baseline``
+    (the statistic).
+    """
+    floor = round(expected_gbps * threshold_fraction, 2)
+    stat = stat or {"median": None, "count": 0, "hosts": [], "outliers": []}
+    peer = None
+    if stat["median"] is not None and stat["count"] >= max(1, min_samples):
+        peer = round(stat["median"] * fraction, 2)
+    physics = "the physics floor %.2f GB/s (%g x the %.2f GB/s the model gives a healthy node of this design)" % (
+        floor,
+        threshold_fraction,
+        expected_gbps,
+    )
+    if peer is not None and peer > floor:
+        return {
+            "threshold_gbps": peer,
+            "rule": "peer_median",
+            "rule_text": "%g x the median %.1f GB/s of %d healthy nodes of design %s"
+            % (fraction, stat["median"], stat["count"], design_key),
+            "physics_floor_gbps": floor,
+            "baseline_gbps": peer,
+            "baseline": stat,
+        }
+    if peer is not None:
+        note = "; above %g x the median %.1f GB/s of %d healthy nodes of design %s" % (
+            fraction,
+            stat["median"],
+            stat["count"],
+            design_key,
+        )
+    elif stat["count"]:
+        note = "; the peer baseline of design %s has %d of the %d healthy nodes it needs" % (
+            design_key,
+            stat["count"],
+            min_samples,
+        )
+    else:
+        note = "; no peer baseline yet for design %s" % design_key
+    return {
+        "threshold_gbps": floor,
+        "rule": "physics_floor",
+        "rule_text": physics + note,
+        "physics_floor_gbps": floor,
+        "baseline_gbps": peer,
+        "baseline": stat,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# The store
+# --------------------------------------------------------------------------------------------
+
+
+def checksum(samples):
+    canonical = json.dumps(samples, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def validate(doc, key, path):
+    """The samples of a parsed file, or BaselineCorrupt saying what is wrong."""
+    if not isinstance(doc, dict):
+        raise BaselineCorrupt(path, "not a JSON object")
+    if doc.get("format") != FORMAT:
+        raise BaselineCorrupt(path, "format %r, not %d" % (doc.get("format"), FORMAT))
+    if doc.get("design_key") != key:
+        raise BaselineCorrupt(path, "it names design %r, not %r" % (doc.get("design_key"), key))
+    samples = doc.get("samples")
+    if not isinstance(samples, list):
+        raise BaselineCorrupt(path, "no list of samples")
+    for n, s in enumerate(samples):
+        if (
+            not isinstance(s, dict)
+            or not isinstance(s.get("host"), str)
+            or not _finite_positive(s.get("gbps"))
+            or not isinstance(s.get("timestamp"), (int, float))
+        ):
+            raise BaselineCorrupt(path, "sample %d is not {host, gbps > 0, timestamp}" % n)
+    if doc.get("checksum") != checksum(samples):
+        raise BaselineCorrupt(path, "its checksum does not match its samples (edited or damaged)")
+    return samples
+
+
+class Store:
+    """A baseline directory (see the module docstring)."""
+
+    def __init__(self, directory):
+        self.directory = str(directory)
+
+    def path(self, key):
+        if not isinstance(key, str) or not _KEY_RE.match(key):
+            raise BaselineError("%r is not a design key" % (key,))
+        return os.path.join(self.directory, key + ".json")
+
+    def _lock(self, exclusive):
+        try:
+            fd = os.open(os.path.join(self.directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise BaselineError("cannot open the lock of the baseline store %s: %s" % (self.directory, exc)) from exc
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        return fd
+
+    @staticmethod
+    def _unlock(fd):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def _load(self, key):
+        path = self.path(key)
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            return []
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BaselineCorrupt(path, "unreadable: %s" % exc) from exc
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise BaselineCorrupt(path, "not JSON: %s" % exc) from exc
+        return validate(doc, key, path)
+
+    def _write(self, key, samples, design=None):
+        path = self.path(key)
+        doc = {
+            "format": FORMAT,
+            "design_key": key,
+            "design": design,
+            "samples": samples,
+            "checksum": checksum(samples),
+        }
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix="." + key + ".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=1, sort_keys=True)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        dfd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def keys(self):
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        return sorted(n[: -len(".json")] for n in names if n.endswith(".json") and _KEY_RE.match(n[: -len(".json")]))
+
+    def read(self):
+        """``(designs, corrupt)``: ``{key: samples}`` of every readable design file, and
+        ``{key: message}`` of every corrupt one. A missing directory is an empty store."""
+        if not os.path.isdir(self.directory):
+            return {}, {}
+        designs, corrupt = {}, {}
+        fd = self._lock(exclusive=False)
+        try:
+            for key in self.keys():
+                try:
+                    designs[key] = self._load(key)
+                except BaselineCorrupt as exc:
+                    corrupt[key] = str(exc)
+        finally:
+            self._unlock(fd)
+        return designs, corrupt
+
+    def update(self, verdicts, window=DEFAULT_WINDOW, designs=None, dry_run=False):
+        """Add the healthy ones of ``verdicts`` (gate verdicts: ``host``, ``design_key``,
+        ``passed``, ``kind``, ``judged_busbw_gbps``, ``timestamp``, ``boot_id``).
+
+        Each node keeps its latest sample; a design keeps its ``window`` most recent nodes.
+        ``designs``: ``{key: descriptor}`` written beside the samples for the reader.
+        Returns ``{"updated": {key: [hosts]}, "corrupt": {key: message}, "ignored": n}``; a
+        corrupt design file is reported and left as it is.
+        """
+        entries = {}
+        ignored = 0
+        for verdict in verdicts or []:
+            sample = healthy_sample(verdict)
+            if sample is None:
+                ignored += 1
+                continue
+            entries.setdefault(sample.pop("design_key"), []).append(sample)
+        result = {"updated": {}, "corrupt": {}, "ignored": ignored}
+        if not entries:
+            return result
+        for key in entries:
+            self.path(key)  # a bad key fails before anything is written
+        if not dry_run:
+            try:
+                os.makedirs(self.directory, mode=0o755, exist_ok=True)
+            except OSError as exc:
+                raise BaselineError("cannot create the baseline store %s: %s" % (self.directory, exc)) from exc
+        elif not os.path.isdir(self.directory):
+            result["updated"] = {key: sorted(s["host"] for s in new) for key, new in entries.items()}
+            return result
+        fd = self._lock(exclusive=True)
+        try:
+            for key, new in sorted(entries.items()):
+                try:
+                    current = self._load(key)
+                except BaselineCorrupt as exc:
+                    result["corrupt"][key] = str(exc)
+                    continue
+                merged = latest_per_host(current + new, window=window)
+                merged.sort(key=lambda s: (s["timestamp"], s["host"]))
+                if merged == sorted(current, key=lambda s: (s["timestamp"], s["host"])):
+                    continue
+                result["updated"][key] = sorted({s["host"] for s in new} & {s["host"] for s in merged})
+                if not dry_run:
+                    self._write(key, merged, (designs or {}).get(key))
+        finally:
+            self._unlock(fd)
+        return result

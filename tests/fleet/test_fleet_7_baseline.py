@@ -1,0 +1,148 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The NCCL gate judged against its peers (issue 19) on a fleet of thirteen lab machines: eight
+8x H100 SXM, one of them with one NVLink down (at once, no reboot, as `lab fault NODE nvlink-down`
+does it), and five 4x L40S on two Gen4 switches, one of them slow (the stand-in's `slow` fault,
+x0.93, through the gate's environment). Three peers make a baseline here (five in production): a
+faulty node's own figure is an outlier its peers' baselines drop.
+
+The machines are lab.hwmodel machines (the lab's sysfs trees, nvidia-smi and all_reduce_perf
+stand-ins) reached with `ansible_connection=local`, as tests/integration/test_nccl_gate.py does:
+booting thirteen lab nodes (systemd, sshd) would cost minutes and test nothing more of the gate.
+One ansible-playbook run of tests/fleet/playbooks/gate_baseline.yml (topology facts, ACS cleared,
+the gate role and its baseline update, twice): the first measurement finds the store empty, so the
+physics floor decides alone and every node passes, the two faulty ones included; the second is
+judged against the median of the healthy peers of the same design, and exactly the two faulty
+nodes fail, their verdicts naming the peer median. The figures are printed (pytest -s) for the
+README: the spread between runs and nodes, and every verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+import lab.hwmodel as hw
+from tests import support
+
+REPO = Path(__file__).resolve().parents[2]
+PLAYBOOK = Path(__file__).resolve().parent / "playbooks" / "gate_baseline.yml"
+H100, PCIE = [f"node{i}" for i in range(1, 9)], [f"node{i}" for i in range(9, 14)]
+NVLINK_DOWN, SLOW = "node8", "node13"
+
+pytestmark = pytest.mark.skipif(not shutil.which("setpci"), reason="pciutils is not installed")
+
+
+def build_fleet(tmp_path):
+    """Thirteen lab machines and an inventory of them; the two faults in place."""
+    lines = ["[lab]"]
+    for name in H100 + PCIE:
+        machine = hw.build("h100-sxm-8x" if name in H100 else "l40s-4x-switch", tmp_path / name / "hw")
+        extra = ""
+        if name == NVLINK_DOWN:
+            assert machine.inject("nvlink-down", gpu=3) == "NVLink 0 of GPU 3 inactive"
+        if name == SLOW:
+            extra = ' nccl_gate_environment=\'{"GPUFLEET_LAB_ALLREDUCE_FAULT": "slow"}\''
+        lines.append(
+            f"{name} ansible_connection=local ansible_python_interpreter={sys.executable} "
+            f"lab_root={machine.root} state_dir={tmp_path / name / 'state'}{extra}"
+        )
+    inventory = tmp_path / "hosts.ini"
+    inventory.write_text("\n".join(lines) + "\n")
+    return inventory
+
+
+def gate_results(run):
+    """Per play, {host: result of the nccl_allreduce task} from the JSON callback's document."""
+    plays = []
+    for play in run.json["plays"]:
+        found = {}
+        for task in play["tasks"]:
+            if task["task"]["name"].endswith("Measure all-reduce bus bandwidth"):
+                found.update(task["hosts"])
+        plays.append(found)
+    return plays
+
+
+def spread(values):
+    return (max(values) - min(values)) / statistics.median(values)
+
+
+def test_peers_catch_what_the_physics_floor_lets_through(tmp_path, ansible_env):
+    inventory = build_fleet(tmp_path)
+    store = tmp_path / "baselines"
+    run = support.run_playbook(
+        PLAYBOOK,
+        inventory=inventory,
+        extra_vars={"repo": str(REPO), "nccl_gate_baseline_dir": str(store), "nccl_gate_baseline_min_samples": 3},
+        env=ansible_env,
+        json_callback=True,
+        timeout=900,
+    )
+    support.LAB_TIMINGS.append(("gate_baseline.yml: 2 gate plays on 13 lab machines", run.seconds, run.rc))
+    assert run.rc == 2, run.explain()
+    first, second = gate_results(run)
+    assert set(first) == set(second) == set(H100 + PCIE), run.explain()
+
+    # 1. The store was empty: the physics floor alone decided, and let every node through, the
+    #    one with an NVLink down and the slow one included.
+    for host, res in first.items():
+        assert res["rule"] == "physics_floor" and res["passed"] is True, (host, res["reason"])
+        assert f"no peer baseline yet for design {res['design_key']}" in res["reason"]
+    h100_key, pcie_key = first["node1"]["design_key"], first["node9"]["design_key"]
+    assert h100_key.startswith("h100-80gb-hbm3-8x-nvswitch-") and pcie_key.startswith("l40s-4x-pcie-")
+    assert {first[h]["design_key"] for h in H100} == {h100_key}  # the NVLink down keeps the key
+    assert {first[h]["design_key"] for h in PCIE} == {pcie_key}
+    assert first[NVLINK_DOWN]["threshold_gbps"] == 382.5 < first[NVLINK_DOWN]["judged_busbw_gbps"]
+    assert first[SLOW]["threshold_gbps"] == 20.89 < first[SLOW]["judged_busbw_gbps"]
+
+    # 2. Judged against the peers: the two faulty nodes fail, naming the median; no healthy one does.
+    for host, res in second.items():
+        assert res["rule"] == "peer_median", (host, res["reason"])
+        assert res["passed"] is (host not in (NVLINK_DOWN, SLOW)), (host, res["reason"])
+    for host, key, peers in ((NVLINK_DOWN, h100_key, 7), (SLOW, pcie_key, 4)):
+        res = second[host]
+        base = res["baseline"]
+        assert base["count"] == peers and host not in base["hosts"] and res["kind"] == "low_bandwidth"
+        assert (
+            f"is under the threshold {res['threshold_gbps']:.2f} GB/s: under 0.96 x the median "
+            f"{base['median_gbps']:.1f} GB/s of {peers} healthy nodes of design {key}"
+        ) in res["reason"]
+        assert res["judged_busbw_gbps"] > res["physics_floor_gbps"], res  # the physics floor alone: passed
+    marker = json.loads((tmp_path / NVLINK_DOWN / "state/run/gpufleet/nccl-gate.json").read_text())
+    assert marker["passed"] is False and marker["rule"] == "peer_median" and marker["design_key"] == h100_key
+
+    # 3. The store: every node's latest healthy figure; the faulty ones only from the first
+    #    measurement (a failed verdict never enters it).
+    for key, hosts in ((h100_key, H100), (pcie_key, PCIE)):
+        doc = json.loads((store / f"{key}.json").read_text())
+        by_host = {s["host"]: s for s in doc["samples"]}
+        assert set(by_host) == set(hosts)
+        for host in hosts:
+            measured = first if host in (NVLINK_DOWN, SLOW) else second
+            assert by_host[host]["gbps"] == pytest.approx(measured[host]["judged_busbw_gbps"], abs=0.001)
+
+    # The figures behind the README's default fraction (pytest -s shows them).
+    lines = [f"\nplaybook: {run.seconds:.1f} s for 2 gate plays on 13 lab machines"]
+    for label, hosts, faulty in (("8x H100", H100, NVLINK_DOWN), ("4x L40S", PCIE, SLOW)):
+        healthy = [h for h in hosts if h != faulty]
+        runs = [abs(first[h]["judged_busbw_gbps"] / second[h]["judged_busbw_gbps"] - 1) for h in healthy]
+        lines.append(
+            f"{label}: healthy nodes spread (max-min)/median {spread([first[h]['judged_busbw_gbps'] for h in healthy]):.2%}"
+            f" and {spread([second[h]['judged_busbw_gbps'] for h in healthy]):.2%}, run to run at most {max(runs):.2%};"
+            f" {faulty} at {second[faulty]['judged_busbw_gbps'] / second[faulty]['baseline']['median_gbps']:.3f}"
+            " of the peer median"
+        )
+    lines.append("| node | 1st: judged / threshold (rule) | 2nd: judged / threshold (rule) | 2nd verdict |")
+    lines.append("|---|---|---|---|")
+    for h in H100 + PCIE:
+        a, b = first[h], second[h]
+        lines.append(
+            f"| {h} | {a['judged_busbw_gbps']:.2f} / {a['threshold_gbps']:.2f} ({a['rule']}) | "
+            f"{b['judged_busbw_gbps']:.2f} / {b['threshold_gbps']:.2f} ({b['rule']}) | {b['reason'].split('; likely')[0]} |"
+        )
+    print("\n".join(lines))

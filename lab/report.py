@@ -11,6 +11,7 @@ from pathlib import Path
 
 import lab.hwmodel as hw
 
+from . import llamacpp
 from .preflight import LabError
 
 MARKER = "/run/gpufleet/nccl-gate.json"
@@ -85,6 +86,7 @@ def gather(fleet, settle=6.0):
                 or marker.get("reason")
                 or "",
                 "ok": registered == expected,
+                "serving": llamacpp.serving_summary(m, marker),
             }
         )
     return rows, pool_error
@@ -125,6 +127,8 @@ def render(rows, pool_error=None):
             lines.append(f"  {r['name']}: {r['reason']}")
         if r["faults"]:
             lines.append(f"  {r['name']}: the lab holds faults that keep it out: {'; '.join(r['faults'])}")
+        if (r.get("serving") or "").startswith("llama.cpp"):
+            lines.append(f"  {r['name']}: serves with {r['serving']}")
     if pool_error:
         lines.append(f"  balancer: {pool_error}")
     return "\n".join(lines)

@@ -61,6 +61,25 @@ GPU_MODELS = {
         "width_max": 16,
         "nvlinks": 0,
     },
+    # Seed 001's mixed cards (workstation/consumer boards: VGA class 0x0300).
+    "RTX-A6000": {
+        "name": "NVIDIA RTX A6000",
+        "device_id": 0x2230,
+        "class": 0x030000,
+        "memory_total_mib": 49140,
+        "gen_max": 4,
+        "width_max": 16,
+        "nvlinks": 0,
+    },
+    "RTX-4090": {
+        "name": "NVIDIA GeForce RTX 4090",
+        "device_id": 0x2684,
+        "class": 0x030000,
+        "memory_total_mib": 24564,
+        "gen_max": 4,
+        "width_max": 16,
+        "nvlinks": 0,
+    },
 }
 
 NIC_MODELS = {
@@ -205,12 +224,25 @@ def _h100_sxm():
     }
 
 
+def _a6000_4090():
+    """Seed 001's heterogeneous node: one RTX A6000 (48 GB) and one RTX 4090 (24 GB) on EPYC root
+    ports. Tensor parallelism cannot split a model evenly here: `gpufleet_serving_backend: auto`
+    serves it with llama.cpp's layer offload."""
+    profile = _epyc_rootports()
+    profile["description"] = "RTX A6000 48 GB + RTX 4090 24 GB on EPYC root ports (seed 001): llama.cpp layer offload"
+    ports = profile["host_bridges"][0]["root_ports"]
+    ports[0]["child"] = gpu("RTX-A6000")
+    ports[1]["child"] = gpu("RTX-4090")
+    return profile
+
+
 _PROFILES = {
     "l40s-4x-switch": _seed000,
     "l40s-x8-degraded": _degraded_x8,
     "vfio-passthrough": _vfio,
     "epyc-rootport-acs": _epyc_rootports,
     "h100-sxm-8x": _h100_sxm,
+    "a6000-4090-hetero": _a6000_4090,
 }
 
 #: name -> profile (a fresh deep copy each time a caller asks through `get`).

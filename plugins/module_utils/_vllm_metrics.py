@@ -46,8 +46,10 @@ LIBRARY = "prometheus-client"
 # figure -> sample names, newest first (the first one present wins)
 GAUGES = {
     "kv_cache_usage_perc": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    "num_requests_running": ("vllm:num_requests_running",),
-    "num_requests_waiting": ("vllm:num_requests_waiting",),
+    # llama.cpp's llama-server (--metrics) names its slots' figures llamacpp:requests_processing
+    # and llamacpp:requests_deferred; it has no KV usage, preemption or latency histogram series.
+    "num_requests_running": ("vllm:num_requests_running", "llamacpp:requests_processing"),
+    "num_requests_waiting": ("vllm:num_requests_waiting", "llamacpp:requests_deferred"),
     "num_preemptions_total": ("vllm:num_preemptions_total",),
 }
 # how series of several engines/labels combine

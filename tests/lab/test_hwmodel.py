@@ -35,7 +35,8 @@ def test_lspci_sees_every_function_with_its_class(lab_node, any_profile):
     listed = {line.split()[0]: line for line in lspci(node, "-D").splitlines()}
     assert set(listed) == set(node.devices)
     for gpu in node.gpus:
-        assert "3D controller: NVIDIA Corporation" in listed[gpu.bdf]
+        # class 0x0302 (data-center parts) or 0x0300 (RTX workstation/consumer boards)
+        assert re.search(r" (3D|VGA compatible) controller: NVIDIA Corporation", listed[gpu.bdf]), listed[gpu.bdf]
     for bridge in node.bridges:
         assert "PCI bridge" in listed[bridge.bdf]
 

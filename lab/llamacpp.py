@@ -1,0 +1,88 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""What the lab's nodes need to serve with llama.cpp (role gpufleet.node.llamacpp_server): the real
+``llama-server`` that scripts/build-llama-server.sh built for CPU (cached outside the checkout) and
+the tiny GGUF model of lab/tiny_gguf.py, written once into the lab's state directory. The role
+copies both from the controller to the node and verifies the model's sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD_SCRIPT = REPO / "scripts" / "build-llama-server.sh"
+MODEL_NAME = "gpufleet-tiny.gguf"
+
+
+def pin():
+    """The llama-cpp-python release whose vendored llama.cpp the build script builds."""
+    return re.search(r"^LLAMA_CPP_PYTHON_VERSION=(\S+)$", BUILD_SCRIPT.read_text(), re.M).group(1)
+
+
+def llama_server_binary():
+    """<cache>/gpufleet/llama-server-<pin>/llama-server, as the build script writes it."""
+    cache = (
+        os.environ.get("GPUFLEET_CACHE")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gpufleet"
+    )
+    return Path(cache) / f"llama-server-{pin()}" / "llama-server"
+
+
+def tiny_model(state):
+    """The tiny model in ``<state>/models`` (written on first use) and its sha256."""
+    from lab import tiny_gguf
+
+    path = Path(state) / "models" / MODEL_NAME
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tiny_gguf.write(tmp)
+        tmp.rename(path)
+    return path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def inventory_vars(state):
+    """Group variables of the lab's GPU nodes for the llama.cpp backend (used only where a node
+    serves with llama.cpp: `gpufleet_serving_backend` auto on a heterogeneous profile)."""
+    model, sha256 = tiny_model(state)
+    return {
+        "llamacpp_server_binary_src": str(llama_server_binary()),
+        "llamacpp_server_model_src": str(model),
+        "llamacpp_server_model_sha256": sha256,
+        # the tiny model: short slots are enough, and CPU threads are scarce on the lab's host
+        "llamacpp_server_ctx_size": 512,
+        "llamacpp_server_parallel": 2,
+        "llamacpp_server_extra_args": ["--threads", "1"],
+        "llamacpp_server_health_delay": 1,
+    }
+
+
+ARGS_FILE = "/etc/llamacpp/llama-server.env"
+
+
+def serving_summary(machine, marker):
+    """For `lab report`: how a node serves, from its gate marker (the backend the run chose) and,
+    for llama.cpp, the plan's command line the role wrote; None when the marker names no backend."""
+    backend = (marker or {}).get("serving_backend")
+    if backend != "llamacpp":
+        return backend
+    out = machine.nsenter("cat", ARGS_FILE, timeout=10) if machine.pid() else None
+    if out is None or out.returncode != 0:
+        return f"llama.cpp (no {ARGS_FILE})"
+    found = re.search(r'^LLAMACPP_SERVER_ARGS="([^"]*)"', out.stdout, re.M)
+    args = found.group(1).split() if found else []
+
+    def opt(name):
+        return args[args.index(name) + 1] if name in args[:-1] else "-"
+
+    plan = re.search(r"^# (fits: .*)$", out.stdout, re.M)
+    return "llama.cpp: --n-gpu-layers %s --tensor-split %s --ctx-size %s --parallel %s%s" % (
+        opt("--n-gpu-layers"),
+        opt("--tensor-split"),
+        opt("--ctx-size"),
+        opt("--parallel"),
+        " (%s)" % plan.group(1) if plan else "",
+    )

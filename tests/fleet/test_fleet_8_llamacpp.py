@@ -1,0 +1,121 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""A heterogeneous node (profile ``a6000-4090-hetero``: an RTX A6000 and an RTX 4090, seed 001)
+served by the REAL llama.cpp ``llama-server`` behind the lab's HAProxy, after site.yml.
+
+``gpufleet_serving_backend`` is left at ``auto``: the GPUs differ in size, so the node must be
+served by llama.cpp with the plan's layers and split, its choice recorded in the gate's marker;
+the other nodes of the fleet keep vLLM. Runs on the session fleet's heterogeneous nodes
+(``GPUFLEET_FLEET_PROFILES`` including ``a6000-4090-hetero``); skipped, saying so, without one.
+One converged fleet, read many ways: no playbook run of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+
+import pytest
+
+import lab.hwmodel as hw
+from tests import support
+
+pytestmark = pytest.mark.slow
+
+PROFILES = support.FLEET_PROFILES
+
+
+def _sizes(profile):
+    ports = [rp for hb in hw.PROFILES[profile]["host_bridges"] for rp in hb["root_ports"]]
+    models = []
+
+    def walk(node):
+        if node.get("kind") == "gpu":
+            models.append(node["model"])
+        for child in node.get("children", []) + ([node["child"]] if node.get("child") else []):
+            walk(child)
+
+    for rp in ports:
+        walk(rp)
+    return {hw.profiles.GPU_MODELS[m]["memory_total_mib"] for m in models}
+
+
+HETERO = [f"node{i + 1}" for i, p in enumerate(PROFILES) if len(_sizes(p)) > 1]
+UNIFORM = [f"node{i + 1}" for i, p in enumerate(PROFILES) if len(_sizes(p)) == 1]
+
+
+@pytest.fixture(params=HETERO or [None], ids=lambda n: n or "none")
+def hetero(request):
+    if request.param is None:
+        pytest.skip(
+            "the fleet has no node with GPUs of different sizes (GPUFLEET_FLEET_PROFILES: add a6000-4090-hetero)"
+        )
+    return request.param
+
+
+def test_heterogeneous_node_serves_with_llamacpp_behind_haproxy(converged, hetero):
+    node = hetero
+    # the choice and its reason, in the gate's marker of this boot
+    marker = json.loads(converged.sh(node, "cat /run/gpufleet/nccl-gate.json"))
+    assert marker["passed"] is True
+    assert marker["serving_backend"] == "llamacpp"
+    assert "differ in size (49140, 24564 MiB)" in marker["serving_backend_reason"]
+
+    # the plan's command line: the 4 layers and the output of the tiny model on the GPUs, split by room
+    env = converged.sh(node, "cat /etc/llamacpp/llama-server.env")
+    (args,) = re.findall(r'^LLAMACPP_SERVER_ARGS="([^"]*)"$', env, re.M)
+    args = args.split()
+    assert args[args.index("--n-gpu-layers") + 1] == "5"
+    assert args[args.index("--split-mode") + 1] == "layer"
+    assert args[args.index("--tensor-split") + 1] == "4,1"  # the A6000 the layers, the 4090 the output
+    assert args[args.index("--ctx-size") + 1] == "1024" and "--metrics" in args
+    assert "fits: gpufleet-tiny-llama with 4 of 4 layers on 2 GPU(s) + output (split 4,1)" in env
+
+    # the real llama-server under systemd, reading the runtime env file like vLLM's unit
+    state = converged.unit_state(node, "llama-server.service")
+    assert (state["ActiveState"], state["SubState"]) == ("active", "running"), state
+    unit = converged.sh(node, "systemctl cat llama-server.service")
+    assert "EnvironmentFile=-/etc/gpufleet/gpu-runtime.env" in unit
+    assert converged.sh(
+        node, "readlink -f /proc/$(systemctl show -p MainPID --value llama-server.service)/exe"
+    ).strip() == ("/usr/local/bin/llama-server")
+    assert converged.unit_state(node, "vllm.service").get("ActiveState") in ("inactive", None, "")
+    assert "version:" in converged.sh(node, "/usr/local/bin/llama-server --version 2>&1")
+
+    # /health, the OpenAI API and /metrics on the node
+    assert '"ok"' in converged.sh(node, "curl -sf http://127.0.0.1:8000/health")
+    models = json.loads(converged.sh(node, "curl -sf http://127.0.0.1:8000/v1/models"))
+    assert [m["id"] for m in models["data"]] == ["gpufleet-tiny"]
+
+    # registered: HAProxy has it running and ready, and streamed completions through HAProxy's frontend reach it
+    # (round robin over the pool: of 2 x (servers running) requests, those that reach this node stream)
+    pool = converged.wait_pool(lambda p: p.get(node, {}).get("op_state") == "running")
+    assert (pool[node]["op_state"], pool[node]["state"]) == ("running", "ready"), pool
+    frontend = converged.status()["balancer"]["frontend"]
+    body = json.dumps({"model": "gpufleet-tiny", "prompt": "hello the world", "max_tokens": 4, "stream": True})
+    streamed = 0
+    for _ in range(2 * sum(1 for s in pool.values() if s.get("op_state") == "running")):
+        req = urllib.request.Request(
+            f"http://{frontend}/v1/completions", data=body.encode(), headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                events = [ln[6:] for ln in resp.read().decode().splitlines() if ln.startswith("data: ")]
+        except urllib.error.HTTPError:  # a vLLM node of the pool, which does not serve this model
+            continue
+        if events and events[-1] == "[DONE]" and "gpufleet-tiny" in events[0]:
+            streamed += 1
+    assert streamed >= 1
+    metrics = converged.sh(node, "curl -sf http://127.0.0.1:8000/metrics")
+    assert re.search(r"^llamacpp:prompt_tokens_total [1-9]", metrics, re.M), metrics
+
+
+@pytest.mark.parametrize("node", UNIFORM or [None], ids=lambda n: n or "none")
+def test_identical_gpus_keep_vllm(converged, node):
+    if node is None:
+        pytest.skip("the fleet has no node with identical GPUs")
+    marker = converged.sh(node, "cat /run/gpufleet/nccl-gate.json 2>/dev/null || true")
+    if marker.strip():
+        assert json.loads(marker)["serving_backend"] == "vllm"
+    assert converged.unit_state(node, "llama-server.service").get("ActiveState") in ("inactive", None, "")

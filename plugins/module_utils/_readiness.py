@@ -99,23 +99,45 @@ def health_reasons(verdict, problem, boot_id, path):
     return [f"GPU health failed ({source}): " + "; ".join(health_failures(verdict))]
 
 
-def agent_answer(marker_path, boot_id_path, health_path=None):
-    """The HAProxy agent's one line (without its end): ``up``, or ``down #<why>``.
+def agent_verdict(marker_path, boot_id_path, health_path=None):
+    """``(word, reasons)``: ``(None, [])`` when the node may take traffic, else the short word of
+    the first reason (what the HAProxy agent may tell the balancer: no boot id, BDF or figure) and
+    every reason in full (what the agent logs to the node's journal).
 
-    ``health_path`` defaults to :func:`health_path_for` the marker. HAProxy wants a space before
-    the ``#`` of the description (``down#why`` is read as an unknown word and ignored), and reads
-    one line.
+    ``health_path`` defaults to :func:`health_path_for` the marker.
     """
     if health_path is None:
         health_path = health_path_for(marker_path)
     try:
         boot_id = read_boot_id(boot_id_path)
     except OSError as exc:
-        reasons = [f"cannot read the boot id at {boot_id_path}: {exc.strerror or exc}"]
-    else:
-        reasons = health_reasons(*read_health(health_path), boot_id, health_path) + marker_reasons(
-            *read_marker(marker_path), boot_id, marker_path
-        )
+        return "boot-id-unreadable", [f"cannot read the boot id at {boot_id_path}: {exc.strerror or exc}"]
+    verdict, problem = read_health(health_path)
+    health = health_reasons(verdict, problem, boot_id, health_path)
+    marker, problem = read_marker(marker_path)
+    gate = marker_reasons(marker, problem, boot_id, marker_path)
+    reasons = health + gate
+    if health:
+        return ("health-unreadable" if verdict is None else "gpu-health-failed"), reasons
+    if gate:
+        if problem:
+            word = "marker-unreadable"
+        elif marker is None:
+            word = "no-marker"
+        elif marker.get("boot_id") != boot_id:
+            word = "stale-marker"
+        else:
+            word = "gate-failed"
+        return word, reasons
+    return None, []
+
+
+def agent_answer(marker_path, boot_id_path, health_path=None):
+    """The verdict as one line with its full reason: ``up``, or ``down #<why>``. This is what the
+    node's HAProxy agent logs to the journal; the balancer gets only the short word of
+    :func:`agent_verdict` (``down #gate-failed``). The space before ``#`` is HAProxy's syntax.
+    """
+    _word, reasons = agent_verdict(marker_path, boot_id_path, health_path)
     if not reasons:
         return "up"
     return "down #" + " ".join("; ".join(reasons).split())[:200]

@@ -15,10 +15,11 @@ increase). Over a window of samples:
 * neither: **steady**.
 
 Recycling: drain the node in the balancer, restart the server, wait for ``/health``, return it.
-The node's agent reaches the balancer through HAProxy's runtime API with the collection's one
-client, ``_haproxy.RuntimeAPI`` (``tcp://HOST:PORT`` for a ``stats socket ipv4@...`` listener, or
-``unix:///path`` on the balancer itself), or through configured commands. Plain Python, no
-Ansible (the node's agent imports it too).
+By default the node's recycle agent asks the node's own HAProxy agent to report ``drain`` (then
+``ready``) and the balancer follows it; or it reaches the balancer through HAProxy's runtime API
+with the collection's one client, ``_haproxy.RuntimeAPI`` (``tcp://HOST:PORT`` for a ``stats
+socket ipv4@...`` listener, unauthenticated and admin level, or ``unix:///path`` on the balancer
+itself), or through configured commands. Plain Python, no Ansible (the node's agent imports it too).
 """
 
 from __future__ import annotations

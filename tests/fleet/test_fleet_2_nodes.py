@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
 from pathlib import Path
 
@@ -13,15 +12,12 @@ import pytest
 import yaml
 
 import lab.hwmodel as hw
+from tests import support
 
 pytestmark = pytest.mark.slow
 
 # As conftest.py names them: node1, node2, ... in the order of GPUFLEET_FLEET_PROFILES.
-PROFILES = [
-    p.strip()
-    for p in os.environ.get("GPUFLEET_FLEET_PROFILES", "l40s-4x-switch,l40s-x8-degraded").split(",")
-    if p.strip()
-]
+PROFILES = support.FLEET_PROFILES
 NODES = [
     pytest.param(f"node{i + 1}", hw.PROFILES[p].get("expect_registered", True), id=f"node{i + 1}-{p}")
     for i, p in enumerate(PROFILES)
@@ -92,6 +88,80 @@ def test_units_enabled(converged, node, registered):
         # the gate stopped the node before the serving role: no server was installed
         assert not host.file("/etc/systemd/system/vllm.service").exists
         assert not vllm.is_running
+
+
+def _burst(address, port, count, timeout=20.0):
+    """{answer: how many} of `count` connections opened at once (from the host: the balancer's address)."""
+    import socket
+    import time
+
+    socks = []
+    for _ in range(count):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex((address, port))
+        socks.append(s)
+    deadline = time.monotonic() + timeout
+    answers = {}
+    for s in socks:
+        s.setblocking(True)
+        s.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            got = s.recv(200).decode().strip()
+        except OSError as exc:  # over MaxConnections: closed at once
+            got = type(exc).__name__
+        answers[got] = answers.get(got, 0) + 1
+        s.close()
+    return answers
+
+
+# asked from a second address of the node's own (on lo): the agent's socket lets the node's own
+# address in (validate.yml's check), not this one
+_ASK_FROM = """
+import socket, sys
+def ask(source):
+    s = socket.socket()
+    s.settimeout(3)
+    try:
+        s.bind((source, 0))
+        s.connect((sys.argv[1], 9777))
+        return s.recv(100).decode().strip() or "closed"
+    except OSError as exc:
+        return type(exc).__name__
+    finally:
+        s.close()
+print(ask(sys.argv[1]), ask("198.51.100.7"))
+"""
+
+
+def test_agent_tells_the_balancer_only(converged):
+    """The node's HAProxy agent listens on the node's address, answers the balancer's address only,
+    says one word (no boot id), and a burst of connections leaves its socket listening."""
+    import shlex
+
+    node = converged.healthy[0]
+    address = converged.nodes[node]["address"]
+    boot_id = converged.sh(node, "cat /proc/sys/kernel/random/boot_id").strip()
+    assert (
+        converged.sh(node, "systemctl show -p Listen --value gpufleet-lb-agent.socket").split()[0] == f"{address}:9777"
+    )
+    assert converged.agent(node) == "up"
+    out = converged.sh(
+        node,
+        "ip addr add 198.51.100.7/32 dev lo && "
+        f"{{ python3 -c {shlex.quote(_ASK_FROM)} {address}; rc=$?; ip addr del 198.51.100.7/32 dev lo; exit $rc; }}",
+    )
+    # the kernel drops the other address's SYN (IPAddressDeny=any): no answer, not even a refusal
+    assert out.split() == ["up", "TimeoutError"], out
+    # 300 at once from the balancer's address (systemd's default trigger limit, 200 in 2 s, would
+    # put the socket into a failed state, and HAProxy ignores an agent it cannot reach)
+    answers = _burst(address, 9777, 300)
+    assert answers.get("up", 0) >= 16 and set(answers) <= {"up", "", "ConnectionResetError"}, answers
+    assert not any(boot_id in a for a in answers)
+    state = converged.unit_state(node, "gpufleet-lb-agent.socket")
+    assert (state["ActiveState"], state["SubState"], state["Result"]) == ("active", "listening", "success"), state
+    assert converged.agent(node) == "up"
+    assert converged.wait_pool(lambda p: p[node]["op_state"] == "running")[node]["op_state"] == "running"
 
 
 @pytest.mark.parametrize("node,registered", NODES)

@@ -2,10 +2,10 @@
 """Operations on a one-node lab: the worker recycling timer (no recycle while RSS is flat; drain,
 restart, health, return when it grows), the controller-driven cycle, and the load test playbook.
 
-The node drains itself through HAProxy's runtime API over TCP (worker_recycle_balancer_method
-runtime_api, as a `stats socket ipv4@LB:PORT level admin` listener serves it). The lab's HAProxy
-has only its admin UNIX socket on the host, so this test relays a TCP port on the node's gateway
-address to that socket, byte for byte, and records the commands that pass.
+The node drains itself the default way (worker_recycle_balancer_method agent): it asks its own
+HAProxy agent (lb_registration's, installed by ops_recycle.yml with a passing gate marker of this
+boot written by the fixture) to report `drain`, and the lab's HAProxy follows the agent; nothing on
+the node talks to the balancer.
 
 Runs on the spare node of the session's lab (tests/conftest.py's `session_lab`, shared with tests/lab
 and tests/fleet), through an inventory of that node only; the module's fixture serves it first
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import threading
 import time
 import urllib.request
@@ -29,49 +28,12 @@ from tests import support
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOKS = REPO / "tests" / "integration" / "playbooks"
+MARKER = "/run/gpufleet/nccl-gate.json"
+REQUEST = "/run/gpufleet/lb-agent-request.json"  # the node's own drain/ready request to its agent
+DRAIN = 0x08  # HAProxy's SRV_ADMF_FDRAIN in srv_admin_state (what the agent's `drain` sets)
 
 _MISSING = support.lab_prerequisites(prometheus=True)
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"lab prerequisites: {_MISSING}")
-
-
-class Relay:
-    """TCP on the node's gateway -> the lab HAProxy's admin UNIX socket; records each command."""
-
-    def __init__(self, host, target):
-        self.target = target
-        self.commands = []
-        self.server = socket.socket()
-        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.server.bind((host, 0))
-        self.server.listen(8)
-        self.endpoint = "tcp://%s:%d" % (host, self.server.getsockname()[1])
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self):
-        while True:
-            try:
-                conn, _addr = self.server.accept()
-            except OSError:
-                return
-            with conn:
-                data = b""
-                while not data.endswith(b"\n"):
-                    chunk = conn.recv(4096)
-                    if not chunk:
-                        break
-                    data += chunk
-                self.commands.append(data.decode().strip())
-                with socket.socket(socket.AF_UNIX) as up:
-                    up.connect(self.target)
-                    up.sendall(data)
-                    while True:
-                        chunk = up.recv(65536)
-                        if not chunk:
-                            break
-                        conn.sendall(chunk)
-
-    def close(self):
-        self.server.close()
 
 
 RECYCLE_VARS = {
@@ -83,6 +45,8 @@ RECYCLE_VARS = {
     "worker_recycle_rss_slope_mib_per_min": 300,
     "worker_recycle_drain_timeout": 10,
     "worker_recycle_health_timeout": 60,
+    # the agent is asked every second (ops_recycle.yml): two checks per request
+    "worker_recycle_agent_settle": 2.5,
     # the lab's nodes share the host's Debian packages (python3-prometheus-client is checked above);
     # the package task costs 7 s per run for nothing here
     "worker_recycle_install_packages": False,
@@ -96,29 +60,31 @@ def lab(session_lab):
     fleet = session_lab.fleet
     spec = session_lab.spec(node)
     inventory = session_lab.inventory([node], "ops")
-    relay = Relay(spec["gateway"], str(fleet.balancer().socket))
     ctx = {
         "fleet": fleet,
         "session": session_lab,
         "node": node,
         "spec": spec,
-        "relay": relay,
         "inventory": inventory,
         "url": "http://%s:8000" % spec["address"],
+        # the lab's inventory carries a vaulted vllm_server_api_key: /v1 needs it
+        "api_key": session_lab.secrets["vllm_server_api_key"],
     }
     try:
-        # whatever an earlier test left on the spare node: no leak drop-in, no earlier agent state
+        # whatever an earlier test left on the spare node: no leak drop-in, no earlier agent state;
+        # a passing gate marker of this boot, so that its HAProxy agent says up (the gate itself
+        # is the fleet tests' business)
         ssh(
             ctx,
             "rm -f /etc/systemd/system/vllm.service.d/50-lab-decay.conf "
-            "/run/gpufleet/worker-recycle.json /var/lib/gpufleet/worker-recycle/state.json; "
-            "systemctl daemon-reload",
+            f"/run/gpufleet/worker-recycle.json /var/lib/gpufleet/worker-recycle/state.json {REQUEST}; "
+            'systemctl daemon-reload; mkdir -p /run/gpufleet && printf \'{"boot_id": "%s", "passed": true}\' '
+            f"$(cat /proc/sys/kernel/random/boot_id) > {MARKER}",
         )
-        extra = dict(RECYCLE_VARS, worker_recycle_balancer_endpoint=relay.endpoint)
-        ctx["serve"] = playbook(ctx, None, PLAYBOOKS / "ops_recycle.yml", extra)
+        ctx["serve"] = playbook(ctx, None, PLAYBOOKS / "ops_recycle.yml", RECYCLE_VARS)
         yield ctx
     finally:
-        relay.close()
+        ssh(ctx, f"systemctl disable --now --quiet gpufleet-lb-agent.socket; rm -f {MARKER} {REQUEST}", check=False)
         api = fleet.balancer()
         if pool_state(ctx) is not None:  # out of the pool: the lab's other tests judge it without
             api.command(f"set server vllm_pool/{node} state maint")
@@ -159,8 +125,9 @@ def agent_status(lab):
 class Traffic:
     """A client sending small streaming completions to the node, so TTFT is measured between samples."""
 
-    def __init__(self, url):
+    def __init__(self, url, api_key):
         self.url = url
+        self.headers = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
         self.stop = threading.Event()
         self.sent = 0
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -169,7 +136,7 @@ class Traffic:
         body = json.dumps({"prompt": list(range(1000, 1256)), "max_tokens": 2, "stream": True}).encode()
         while not self.stop.is_set():
             try:
-                req = urllib.request.Request(self.url + "/v1/completions", body, {"Content-Type": "application/json"})
+                req = urllib.request.Request(self.url + "/v1/completions", body, self.headers)
                 with urllib.request.urlopen(req, timeout=10) as resp:
                     resp.read()
                 self.sent += 1
@@ -212,20 +179,23 @@ def test_serving_node_with_recycle_timer(lab):
     assert ssh(lab, "systemctl show -p MemorySwapMax --value vllm.service").strip() == "0"
     config = json.loads(ssh(lab, "cat /etc/gpufleet/worker-recycle.json"))
     assert config["balancer"] == {
-        "method": "runtime_api",
-        "endpoint": lab["relay"].endpoint,
+        "method": "agent",
+        "endpoint": "",
         "backend": "vllm_pool",
         "server": lab["node"],
         "drain_command": [],
         "return_command": [],
+        "request_file": REQUEST,
+        "settle": 2.5,
+        "ready_hold": 20.0,
     }
-    assert pool_state(lab)[0] == 0  # in the pool, admin state ready
+    assert pool_state(lab) == (0, 2)  # in the pool, admin state ready, UP through health and agent
     # idempotence and check mode: tests/integration/test_ops_role.py
 
 
 def test_no_recycle_while_rss_is_flat(lab):
     pid = main_pid(lab)
-    with Traffic(lab["url"]) as traffic:
+    with Traffic(lab["url"], lab["api_key"]) as traffic:
         start = time.time()
         # a window of samples taken while the traffic flows (the timer fires every 1-2 s)
         status = wait_for(
@@ -235,7 +205,9 @@ def test_no_recycle_while_rss_is_flat(lab):
     assert status["classification"] == "steady" and status["recycle"] is False, status
     assert abs(status["rss_slope_mib_per_min"]) < 300 and status["recycles"] == 0
     assert traffic.sent > 10 and status["ttft_p95_seconds"] is not None
-    assert main_pid(lab) == pid and lab["relay"].commands == []
+    assert main_pid(lab) == pid
+    assert ssh(lab, f"test -e {REQUEST} || echo none").strip() == "none"  # never asked to drain
+    assert pool_state(lab) == (0, 2)
     metrics = ssh(lab, "cat /var/lib/node_exporter/textfile_collector/gpufleet_worker_recycle.prom")
     assert 'gpufleet_worker_decay{kind="steady"} 1.0' in metrics
     assert "gpufleet_worker_recycles_total 0.0" in metrics
@@ -252,9 +224,17 @@ def test_steady_rss_growth_with_rising_ttft_is_recycled(lab):
     )
     assert wait_for(lambda: healthy(lab["url"]), 30)
     leaking = main_pid(lab)
+    admin_states = set()  # what the balancer made of the agent's answers during the recycle
+
+    def recycled():
+        state = pool_state(lab)
+        admin_states.add(state and state[0])
+        status = agent_status(lab)
+        return status if status.get("recycles", 0) >= 1 else None
+
     try:
-        with Traffic(lab["url"]):
-            status = wait_for(lambda: (lambda s: s if s.get("recycles", 0) >= 1 else None)(agent_status(lab)), 60)
+        with Traffic(lab["url"], lab["api_key"]):
+            status = wait_for(recycled, 60, step=0.3)
     finally:  # no second recycle while the rest of the module runs
         ssh(
             lab,
@@ -272,17 +252,22 @@ def test_steady_rss_growth_with_rising_ttft_is_recycled(lab):
     )
     assert verdict, journal
     assert float(verdict.group(1)) > 300 and float(verdict.group(2)) > 0.25
-    assert lab["relay"].commands == [
-        f"set server vllm_pool/{lab['node']} state drain",
-        f"set server vllm_pool/{lab['node']} state ready",
-    ]
+    # drained by the balancer on the node's word alone, then back
+    assert any(a is not None and a & DRAIN for a in admin_states), admin_states
     order = [
         journal.index(s)
-        for s in ("worker-recycle: fragmentation", "state drain", "recycle: restarting", "state ready", "recycle: done")
+        for s in (
+            "worker-recycle: fragmentation",
+            "agent to report drain",
+            "recycle: restarting",
+            "agent to report ready",
+            "recycle: done",
+        )
     ]
     assert order == sorted(order), journal
     assert main_pid(lab) not in (0, leaking)
-    assert pool_state(lab)[0] == 0  # back in the pool and ready
+    assert pool_state(lab) == (0, 2)  # back in the pool and ready
+    assert json.loads(ssh(lab, f"cat {REQUEST}"))["state"] == "ready"
     metrics = ssh(lab, "cat /var/lib/node_exporter/textfile_collector/gpufleet_worker_recycle.prom")
     assert "gpufleet_worker_recycles_total 1.0" in metrics
     assert 'gpufleet_worker_last_recycle_kind{kind="fragmentation"} 1.0' in metrics

@@ -34,7 +34,6 @@ def variables(tmp_path, **kw):
         "worker_recycle_python": sys.executable,
         "worker_recycle_manage_service": False,
         "worker_recycle_install_packages": False,
-        "worker_recycle_balancer_endpoint": "tcp://10.0.0.2:9999",
         "lb_registration_backend": "vllm_pool",
     }
     extra.update(kw)
@@ -71,13 +70,17 @@ def test_role_installs_agent_units_and_no_swap_drop_in(ansible_env, tmp_path):
         "usr/local/lib/gpufleet/gpufleet_worker_recycle.py",
     ]
     config = json.loads((host / "etc/gpufleet/worker-recycle.json").read_text())
+    # by default the node drains through its own HAProxy agent: no balancer endpoint at all
     assert config["balancer"] == {
-        "method": "runtime_api",
-        "endpoint": "tcp://10.0.0.2:9999",
+        "method": "agent",
+        "endpoint": "",
         "backend": "vllm_pool",
         "server": "node7",
         "drain_command": [],
         "return_command": [],
+        "request_file": "/run/gpufleet/lb-agent-request.json",
+        "settle": 5.0,
+        "ready_hold": 20.0,
     }
     assert config["unit"] == "vllm.service" and config["metrics_url"] == "http://127.0.0.1:8000/metrics"
     assert config["judge"]["rss_slope_mib_per_min"] == 50.0 and config["action"] == "recycle"
@@ -123,6 +126,7 @@ def test_role_installs_agent_units_and_no_swap_drop_in(ansible_env, tmp_path):
             "runtime_api needs worker_recycle_balancer_endpoint tcp://HOST:PORT",
         ),
         ({"worker_recycle_balancer_method": "command"}, "command needs worker_recycle_drain_command"),
+        ({"worker_recycle_agent_request_file": "run/req.json"}, "agent needs worker_recycle_agent_request_file"),
         ({"worker_recycle_min_samples": 8, "worker_recycle_window": 4}, "min_samples (8) <= window (4)"),
     ],
 )

@@ -6,7 +6,9 @@ Run by gpufleet-worker-recycle.timer (installed by the gpufleet.node.worker_recy
 reads the resident memory of the vLLM unit's processes and the TTFT p95 since the previous run,
 judges the window (gpufleet.node's _recycle.judge), logs the verdict, writes Prometheus textfile
 metrics and a status file, and - when RSS grows steadily and the action is `recycle` - drains the
-node in the balancer, restarts the server, waits for /health and returns the node.
+node in the balancer, restarts the server, waits for /health and returns the node. By default
+(balancer method `agent`) it drains by asking the node's own HAProxy agent to report `drain` (a
+request file under /run) and returns it with `ready`: the node needs no access to the balancer.
 
     python3 /usr/local/lib/gpufleet/gpufleet_worker_recycle.py [--config /etc/gpufleet/worker-recycle.json]
         [--dry-run]
@@ -23,6 +25,8 @@ import sys
 import time
 
 DEFAULT_CONFIG = "/etc/gpufleet/worker-recycle.json"
+#: The node's HAProxy agent (role lb_registration), which balancer method `agent` asks to drain.
+AGENT_SOCKET = "gpufleet-lb-agent.socket"
 
 
 def log(message, **fields):
@@ -107,6 +111,23 @@ class Agent:
         method = bal.get("method", "none")
         if method == "none":
             log("balancer: none configured, the node keeps its place in the pool during the restart", step=state)
+            return
+        if method == "agent":
+            # the node's own HAProxy agent (role lb_registration) passes the request on at the
+            # balancer's next agent check; nothing here can change any other server
+            if state == "drain" and systemctl("is-active", AGENT_SOCKET, check=False).strip() != "active":
+                raise RuntimeError(
+                    "%s is not active: nothing would tell the balancer to drain this node, so it is not "
+                    "restarted (install lb_registration's agent, or set worker_recycle_balancer_method)" % AGENT_SOCKET
+                )
+            now = time.time()
+            request = {"state": state, "reason": "recycle", "time": now}
+            if state == "ready":  # said for a while, then the agent's answers leave the admin state alone
+                request["until"] = now + float(bal.get("ready_hold", 20))
+            self.files.write(bal["request_file"], json.dumps(request) + "\n", 0o644)
+            settle = float(bal.get("settle", 5))
+            log("balancer: asked the node's HAProxy agent to report %s" % state, request=bal["request_file"])
+            time.sleep(settle)  # the balancer asks the agent every few seconds
             return
         if method == "runtime_api":
             api = self.hx.RuntimeAPI(bal["endpoint"], timeout=float(bal.get("timeout", 5)))

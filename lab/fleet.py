@@ -12,6 +12,7 @@ namespaces and mounts (gone when a node's PID 1 dies), one veth per node on the 
     <state>/lock            flock'd by every command that changes the fleet
     <state>/ssh/id_ed25519  the key Ansible logs in with (root on every node)
     <state>/haproxy.*       the balancer's config, PID file and admin socket
+    <state>/vault-password  the vault password of the inventory's secrets (secrets.json: in plain text)
     <state>/nodes/<name>/   one node (see lab.machine)
 """
 
@@ -24,28 +25,37 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import lab.hwmodel as hw
 
-from . import preflight
+from . import llamacpp, preflight
 from .balancer import Balancer
 from .machine import HW_IN_NODE, SSH_PORT, Machine, cgroup_pids, remove_cgroup, ssh_keygen
 from .preflight import LabError
+from .prometheus import Prometheus
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_STATE = REPO / ".lab-state"
 STATE_ENV = "GPUFLEET_LAB_STATE"
 DEFAULT_INVENTORY = REPO / "inventories" / "lab" / "hosts.yml"
-DEFAULT_PROFILES = ("l40s-4x-switch", "l40s-4x-switch", "h100-sxm-8x", "l40s-x8-degraded")
+DEFAULT_PROFILES = ("l40s-4x-switch", "l40s-4x-switch", "h100-sxm-8x", "l40s-x8-degraded", "a6000-4090-hetero")
 NETWORK = ipaddress.ip_network("10.213.0.0/16")  # one /24 per lab, one /30 per node
 # A boot ends when systemd has started everything, boot validation (the NCCL gate) included.
 BOOT_TIMEOUT = 300.0
 # What `up` makes in the state directory; `down` removes exactly these (and keeps `lock`).
 MADE = ("lab.json", "lab.tmp", "ssh", "nodes", "haproxy.cfg", "haproxy.pid", "haproxy.sock", "hosts.yml")
+MADE += ("prometheus", "drift")  # the lab's Prometheus and the drift report it scrapes (lab/prometheus.py)
+# The lab's secrets (vllm_server_api_key, vllm_server_hf_token): random per lab, in plain text only in
+# <state>/secrets.json (0600, for the lab's own clients and tests), in the inventory as !vault values
+# (group_vars/gpu_nodes/vault.yml next to it) encrypted with <state>/vault-password (0600): a run
+# of ansible-playbook on the lab needs ANSIBLE_VAULT_PASSWORD_FILE=<state>/vault-password.
+VAULT_PASSWORD = "vault-password"
+SECRETS = "secrets.json"
+VAULT_VARS = Path("group_vars") / "gpu_nodes" / "vault.yml"
+MADE += (VAULT_PASSWORD, SECRETS, "group_vars")
 
 
 def _describe_pids(pids, limit=8):
@@ -74,6 +84,22 @@ def plan(nodes=None, profiles=None):
     if not 1 <= count <= 63:
         raise LabError(f"--nodes must be between 1 and 63, not {count}")
     return [(f"node{i + 1}", profiles[i % len(profiles)]) for i in range(count)]
+
+
+def _write_private(path, text):
+    """Write text to path, mode 0600 (also when the file was there before)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        os.fchmod(fd, 0o600)
+        handle.write(text)
+
+
+def node_wheelhouse():
+    """The wheelhouse of the nodes' boot validation runtime that scripts/setup.sh downloads once:
+    <cache>/gpufleet/wheelhouse-<first 16 hex digits of requirements-node.txt's sha256>."""
+    reqs = REPO / "roles/boot_validation/files/requirements-node.txt"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "gpufleet" / f"wheelhouse-{hashlib.sha256(reqs.read_bytes()).hexdigest()[:16]}"
 
 
 class Fleet:
@@ -128,6 +154,10 @@ class Fleet:
         data = data or self.data()
         return Balancer(self, data["balancer"]) if data and data.get("balancer") else None
 
+    def prometheus(self, data=None):
+        data = data or self.data()
+        return Prometheus(self, data["prometheus"]) if data and data.get("prometheus") else None
+
     @contextmanager
     def locked(self, verb):
         self.state.mkdir(parents=True, exist_ok=True)
@@ -161,6 +191,9 @@ class Fleet:
         bal = self.balancer(data)
         if bal and bal.pid():
             alive.append("balancer")
+        prom = self.prometheus(data)
+        if prom and prom.pids():
+            alive.append("prometheus")
         return alive
 
     def _subnet(self):
@@ -223,12 +256,16 @@ class Fleet:
                 "hw_in_node": HW_IN_NODE,
                 "nodes": [self._node_spec(i, n, p, subnet) for i, (n, p) in enumerate(wanted)],
                 "balancer": Balancer.describe(self.state),
+                "prometheus": Prometheus.describe(self.state),
             }
             self._save(data)
             try:
                 bal = self.balancer(data)
                 bal.write_config()
                 bal.start()
+                prom = self.prometheus(data)
+                prom.write_config(self.inventory(), data["balancer"])
+                prom.start()
                 machines = self.machines(data)
                 for m in machines:
                     m.create()
@@ -237,12 +274,13 @@ class Fleet:
                 deadline = time.monotonic() + timeout
                 for m in machines:
                     m.wait_ready(deadline)
+                prom.wait_ready(deadline)
             except BaseException:
                 self._teardown(quiet=True, keep_files=True)
                 raise
             elapsed = time.monotonic() - t0
             written = self.write_inventory(inventory, repo=self.state == DEFAULT_STATE)
-        log(f"lab up: {len(wanted)} node(s) and HAProxy in {elapsed:.1f} s; inventory {written}")
+        log(f"lab up: {len(wanted)} node(s) and HAProxy in {elapsed:.1f} s; inventory {written}; Prometheus {prom.url}")
         return elapsed
 
     def down(self, log=print):
@@ -264,6 +302,9 @@ class Fleet:
         bal = self.balancer(data)
         if bal:
             bal.stop()
+        prom = self.prometheus(data)
+        if prom:
+            prom.stop()
         # Strays of an earlier lab of this state dir whose lab.json was lost.
         ip = self.progs["ip"]
         for link in Path("/sys/class/net").glob(f"glab-{self.tag[:4]}-*"):
@@ -299,12 +340,19 @@ class Fleet:
                 entry.unlink()
 
     def _remove_inventory(self, path):
-        """Remove a generated inventory if it is this lab's (it names this state directory)."""
-        try:
-            if str(self.state) in path.read_text():
-                path.unlink()
-        except FileNotFoundError:
-            pass
+        """Remove a generated inventory and its vaulted group variables if they are this lab's
+        (they name this state directory)."""
+        for generated in (path, path.parent / VAULT_VARS):
+            try:
+                if str(self.state) in generated.read_text():
+                    generated.unlink()
+            except FileNotFoundError:
+                pass
+        for directory in ((path.parent / VAULT_VARS).parent, path.parent / VAULT_VARS.parts[0]):
+            try:
+                directory.rmdir()
+            except OSError:  # not empty (the operator's own group variables), or gone
+                pass
 
     def reboot(self, name, timeout=BOOT_TIMEOUT, log=print):
         preflight.require_root()
@@ -351,7 +399,7 @@ class Fleet:
     def status(self):
         data = self.data()
         if not data:
-            return {"state_dir": str(self.state), "up": False, "nodes": [], "balancer": None}
+            return {"state_dir": str(self.state), "up": False, "nodes": [], "balancer": None, "prometheus": None}
         nodes = []
         for m in self.machines(data):
             spec = m.spec
@@ -389,6 +437,7 @@ class Fleet:
                 "state": bal.state(),
                 "pid": bal.pid(),
             },
+            "prometheus": self.prometheus(data).status() if data.get("prometheus") else None,
         }
 
     # --- inventory ------------------------------------------------------------------------------
@@ -405,7 +454,12 @@ class Fleet:
                 "lab_profile": spec["profile"],
                 "lab_expect_registered": spec["expect_registered"],
                 "lab_hw_root": str(self.state / "nodes" / spec["name"] / "hw"),
+                # The balancer (the host's HAProxy) reaches each node from the host's end of its
+                # link: the only client the node's HAProxy agent answers.
+                "lb_registration_agent_allow": [spec["gateway"]],
             }
+            if not spec["expect_registered"]:  # never serves: role monitoring scrapes no vLLM there
+                hosts[spec["name"]]["monitoring_vllm_scrape"] = False
         return {
             "all": {
                 "children": {
@@ -432,15 +486,16 @@ class Fleet:
                             "vllm_server_vllm_bin": "/usr/local/bin/vllm",
                             "vllm_server_model": "Llama-3.3-70B-Instruct-FP8",
                             "vllm_server_health_delay": 1,
-                            # Boot validation runs the controller's ansible-playbook and this checkout's
-                            # collection inside the node (its root is an overlay of the host's).
-                            "boot_validation_ansible_playbook": str(Path(sys.executable).parent / "ansible-playbook"),
-                            "boot_validation_collections_path": str(REPO / ".collections"),
+                            # Boot validation: the node sees neither this checkout nor the controller's
+                            # venv; site.yml installs its runtime from the wheelhouse scripts/setup.sh made.
+                            "boot_validation_wheelhouse": str(node_wheelhouse()),
                             # The registration role talks to the lab's HAProxy (on the controller).
                             "lb_registration_balancer": "lab-balancer",
                             "lb_registration_socket": b["socket"],
                             "lb_registration_backend": b["backend"],
                             "lb_registration_config_file": b["config"],
+                            # llama.cpp (nodes that auto picks it for): the real llama-server, tiny model
+                            **llamacpp.inventory_vars(self.state),
                         },
                     },
                     "balancer": {
@@ -460,6 +515,44 @@ class Fleet:
             }
         }
 
+    @property
+    def vault_password_file(self):
+        return self.state / VAULT_PASSWORD
+
+    def secrets(self):
+        """{variable: plain text} of the lab's secrets; made (random) on first use, with the vault
+        password that encrypts them in the inventory, both 0600 in the state directory."""
+        import secrets as random
+
+        path = self.state / SECRETS
+        if not path.exists():
+            self.state.mkdir(parents=True, exist_ok=True)
+            if not self.vault_password_file.exists():
+                _write_private(self.vault_password_file, random.token_urlsafe(32) + "\n")
+            values = {
+                "vllm_server_api_key": f"lab-api-key-{random.token_hex(16)}",
+                "vllm_server_hf_token": f"hf_lab{random.token_hex(16)}",
+            }
+            _write_private(path, json.dumps(values, indent=2) + "\n")
+        return json.loads(path.read_text())
+
+    def vault_vars(self):
+        """The text of group_vars/gpu_nodes/vault.yml: the lab's secrets as !vault values, encrypted
+        with ansible-vault's Python API (the controller's environment has ansible-core)."""
+        from ansible.parsing.vault import VaultLib, VaultSecret
+
+        values = self.secrets()
+        vault = VaultLib([("default", VaultSecret(self.vault_password_file.read_bytes().strip()))])
+        lines = [
+            f"# Generated by `python -m lab inventory` for the lab at {self.state}.",
+            f"# Vaulted with {self.vault_password_file} (ANSIBLE_VAULT_PASSWORD_FILE).",
+            "---",
+        ]
+        for name, value in values.items():
+            lines.append(f"{name}: !vault |")
+            lines += [f"  {line}" for line in vault.encrypt(value).decode().splitlines()]
+        return "\n".join(lines) + "\n"
+
     def write_inventory(self, path=None, repo=True):
         """Write the inventory to path, else <state>/hosts.yml and (repo) inventories/lab/hosts.yml."""
         import yaml  # the controller's environment has it (ansible-core depends on it)
@@ -470,10 +563,14 @@ class Fleet:
             "# Do not edit: `lab up` rewrites it, `lab down` removes it.\n"
         )
         text = header + yaml.safe_dump(inv, sort_keys=False, default_flow_style=False)
+        vault_vars = self.vault_vars()
         targets = [Path(path)] if path else [self.state / "hosts.yml"]
         if not path and repo:
             targets.append(DEFAULT_INVENTORY)
         for target in targets:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
+            # the secrets: group variables of the inventory (any inventory file of that directory)
+            (target.parent / VAULT_VARS).parent.mkdir(parents=True, exist_ok=True)
+            _write_private(target.parent / VAULT_VARS, vault_vars)
         return targets[-1]

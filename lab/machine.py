@@ -30,6 +30,7 @@ from pathlib import Path
 
 import lab.hwmodel as hw
 
+from . import prometheus
 from .preflight import LabError
 
 HW_IN_NODE = "/lab/hw"
@@ -57,6 +58,7 @@ MASKED_UNITS = (
     "dpkg-db-backup.timer",
     "haproxy.service",
     "postgresql.service",
+    "prometheus.service",  # the lab's Prometheus runs on the controller (lab/prometheus.py)
     # Kernel-wide filesystems a node has no business mounting (they are the host's kernel's).
     "sys-kernel-debug.mount",
     "sys-kernel-tracing.mount",
@@ -139,6 +141,7 @@ class Machine:
         for unit in MASKED_UNITS:
             os.symlink("/dev/null", units / unit)
         hw.units.install(hw.Node.load(self.hw_dir), up)  # the hardware's services (fabric manager)
+        prometheus.install_node_exporter(up, self.spec["address"])  # textfile collector on the roles' dir
         _write(up / "etc/ssh/sshd_config.d/gpufleet-lab.conf", SSHD_CONFIG.format(env=hw.ROOT_ENV, hw=HW_IN_NODE))
         key = up / "etc/ssh/ssh_host_ed25519_key"
         ssh_keygen(self.fleet.progs, f"root@{self.name}", key)
@@ -181,10 +184,12 @@ class Machine:
             "hw_in_node": HW_IN_NODE,
             "root_env": hw.ROOT_ENV,
             "lab_package": str(LAB_PACKAGE),
-            # What boot validation runs inside the node (the controller venv's ansible-playbook,
-            # its Python, this checkout's collection): bound read-only at the same paths where the
-            # node's root hides them (under the host's /tmp, /run or root's home).
-            "host_paths": sorted({str(LAB_PACKAGE.parent), sys.prefix, sys.base_prefix}),
+            # A real node sees neither the controller's checkout nor its venv (boot validation runs
+            # the runtime site.yml installed): hidden under an empty read-only tmpfs, the lab
+            # package alone bound back (the stand-ins).
+            "hide_paths": sorted({str(LAB_PACKAGE.parent), sys.prefix}),
+            # the vLLM stand-in's checkpoint shapes (lab/standins/vllm_server.py)
+            "lab_files": [str(LAB_PACKAGE.parent / "plugins/module_utils/_model_profiles.py")],
         }
         _write(self.dir / "boot.json", json.dumps(cfg, indent=1) + "\n")
 

@@ -15,9 +15,8 @@ copy of the mount table), it assembles the node's root:
       /proc/cmdline, /proc/sys/kernel/random/boot_id   the simulated machine's, bound read-only
       /proc/sys (but /proc/sys/net), /proc/sysrq-trigger, ...   read-only: they are the host's kernel
       <repo>/lab         the repository's lab package, read-only (stand-ins on the node's PATH)
-      <checkout> <venv> <python prefix>   read-only at the same paths, where the node's root hides
-                         them (under /tmp, /run, root's home): boot validation runs the controller
-                         venv's ansible-playbook on this checkout's collection inside the node
+      <checkout> <venv>  hidden under an empty read-only tmpfs (but <repo>/lab): a real node has
+                         neither; boot validation runs the runtime site.yml installed on the node
 
 waits for one line on stdin from the host (its network is wired then: ``go ADDR/PREFIX GW``),
 configures ``lo`` and ``eth0``, checks that the root it is about to enter is a private one,
@@ -121,7 +120,19 @@ def assemble(cfg):
         if os.path.isdir(path) and os.listdir(path) and not (os.path.isdir(root + path) and os.listdir(root + path)):
             os.makedirs(root + path, exist_ok=True)
             bind(path, root + path, readonly=True)
+    for path in cfg.get("hide_paths", ()):  # the controller's checkout and venv: not on a real node
+        if os.path.isdir(root + path) and not os.path.ismount(root + path):
+            mount("tmpfs", "tmpfs", root + path, "mode=755,size=64k,nosuid,nodev")
+            if cfg["lab_package"].startswith(path + "/"):  # its mount point, bound below
+                os.makedirs(root + cfg["lab_package"])
+            for item in cfg.get("lab_files", ()):  # what the stand-ins read of the checkout
+                if item.startswith(path + "/"):
+                    os.makedirs(os.path.dirname(root + item), exist_ok=True)
+                    open(root + item, "a").close()
+            run("mount", "-o", "remount,ro", root + path)
     bind(cfg["lab_package"], root + cfg["lab_package"], readonly=True)
+    for item in cfg.get("lab_files", ()):
+        bind(item, root + item, readonly=True)
 
 
 def check_private(cfg):

@@ -153,6 +153,8 @@ class LabFleet:
                 "ANSIBLE_STDOUT_CALLBACK": "default",
                 "ANSIBLE_FORKS": str(max(len(PROFILES), 1)),
                 "GPUFLEET_DRIFT_DIR": str(self.drift_dir),
+                # the inventory's secrets are vaulted (group_vars/gpu_nodes/vault.yml next to it)
+                "ANSIBLE_VAULT_PASSWORD_FILE": str(self.session.vault_password_file),
             }
         )
         env.pop("ANSIBLE_INVENTORY", None)
@@ -293,12 +295,12 @@ class LabFleet:
         return self._hosts[node]
 
     def agent(self, node):
-        """What the node's HAProxy agent answers the balancer (asked from the node itself)."""
-        return self.sh(
-            node,
-            'python3 -c \'import socket; print(socket.create_connection(("127.0.0.1", 9777), 5)'
-            ".makefile().readline().strip())'",
-        ).strip()
+        """What the node's HAProxy agent answers the balancer: asked from the host, whose end of the
+        node's link is the balancer's address as the node sees it (the only one it answers)."""
+        import socket
+
+        with socket.create_connection((self.nodes[node]["address"], 9777), 5) as conn:
+            return conn.makefile().readline().strip()
 
     def unit_state(self, node, unit):
         """{ActiveState, SubState, Result} of a unit on node."""

@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 
+from tests import support
+
 pytestmark = pytest.mark.slow
 # As conftest.py names them: node1, node2, ... in the order of GPUFLEET_FLEET_PROFILES.
-PROFILES = os.environ.get("GPUFLEET_FLEET_PROFILES", "l40s-4x-switch,l40s-x8-degraded").split(",")
+PROFILES = support.FLEET_PROFILES
 DEGRADED = [f"node{i + 1}" for i, p in enumerate(PROFILES) if p.strip() == "l40s-x8-degraded"]
 
 
@@ -63,6 +64,46 @@ def test_second_run_changes_nothing(fleet, converged):
         flat = re.sub(r"\s+", " ", "\n".join(run.host_failures(node)))
         assert "the NCCL gate failed earlier in this boot" in flat.lower() or "failed in this boot" in flat, flat
     assert set(fleet.pool()) == set(fleet.healthy)
+    secrets = fleet.session.secrets.values()
+    for output in (fleet.first_run.output, run.output):
+        assert not [s for s in secrets if s in output], "a vaulted secret in the output of site.yml"
+
+
+def test_vaulted_secrets_reach_vllm_and_stay_out_of_the_boot_validation_inventory(fleet, converged):
+    """The lab's inventory carries vllm_server_api_key and vllm_server_hf_token as !vault values:
+    vLLM gets them (its 0600 secrets file; /v1 asks for the key), the node's boot validation
+    inventory and the node's journal never see them, neither in plain text nor vaulted."""
+    import urllib.error
+    import urllib.request
+
+    import yaml
+
+    key, token = fleet.session.secrets["vllm_server_api_key"], fleet.session.secrets["vllm_server_hf_token"]
+    vault = (fleet.session.state / "group_vars" / "gpu_nodes" / "vault.yml").read_text()
+    assert "vllm_server_api_key: !vault |" in vault and key not in vault and token not in vault
+    for node in fleet.healthy:
+        host = fleet.host(node)
+        env = host.file("/etc/vllm/secrets.env")
+        assert env.mode == 0o600, oct(env.mode)
+        assert {f"VLLM_API_KEY={key}", f"HF_TOKEN={token}"} <= set(env.content_string.split()), node
+        models = f"http://{fleet.nodes[node]['address']}:8000/v1/models"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(models, timeout=10)
+        assert refused.value.code == 401
+        with urllib.request.urlopen(
+            urllib.request.Request(models, headers={"Authorization": f"Bearer {key}"}), timeout=10
+        ) as resp:
+            assert resp.status == 200
+        inventory = host.file("/etc/gpufleet/validate/inventory.yml").content_string
+        for leaked in (key, token, "$ANSIBLE_VAULT", "vllm_server_hf_token"):
+            assert leaked not in inventory, f"{node}: {leaked[:14]}... in the boot validation inventory"
+        # the key is read at boot from vLLM's secrets file on the node
+        node_vars = yaml.safe_load(inventory)["all"]["children"]["gpu_nodes"]["hosts"][node]
+        assert node_vars["vllm_server_api_key"] == (
+            "{{ vllm_server_secrets_file | gpufleet.node.boot_validation_env_file_value('VLLM_API_KEY') }}"
+        ), node_vars["vllm_server_api_key"]
+        journal = fleet.sh(node, "journalctl --no-pager -o cat")
+        assert key not in journal and token not in journal, f"{node}: a vaulted secret in the journal"
 
 
 def test_drift_is_clean_after_site(fleet, converged):

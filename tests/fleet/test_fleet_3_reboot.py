@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +25,15 @@ pytestmark = pytest.mark.slow
 MARKER = "/run/gpufleet/nccl-gate.json"
 UNIT = "/etc/systemd/system/gpufleet-acs.service"
 SETPCI = "setpci -O sysfs.path=/lab/hw/sys/bus/pci"
+REPO = Path(__file__).resolve().parents[2]
+RUNTIME = "/opt/gpufleet"  # what role boot_validation installs: venv, collection
+NODE_INVENTORY = "/etc/gpufleet/validate/inventory.yml"  # boot validation's, written by site.yml
+SECRETS_ENV = "/etc/vllm/secrets.env"  # vLLM's, 0600: where the node's run reads the API key
+
+
+def _leaked(fleet, text):
+    """The names of the lab's vaulted secrets whose plain text is in text."""
+    return [name for name, value in fleet.session.secrets.items() if value in text]
 
 
 def _acs_writes(unit_text):
@@ -80,7 +92,17 @@ def test_reboot_with_the_boot_units(fleet, converged):
     # firmware turns redirect on again on at least one of the bridges the unit writes
     assert any(firmware[bdf] & mask != value & mask for bdf, value, mask in writes), (writes, firmware)
     old_boot = fleet.nodes[node]["boot_id"]
+    # the node sees neither the controller's checkout (but the lab package and the vLLM stand-in's
+    # model shapes) nor its venv: boot validation runs the runtime site.yml installed from the wheelhouse
+    assert fleet.sh(node, f"ls -A {REPO}").split() == ["lab", "plugins"]
+    assert fleet.sh(node, f"ls -A {REPO}/plugins/module_utils").split() == ["_model_profiles.py"]
+    assert fleet.sh(node, f"test -e {sys.prefix}/bin/ansible-playbook || echo hidden").strip() == "hidden"
+    unit = host.file("/etc/systemd/system/gpufleet-validate.service").content_string
+    assert f"ExecStart={RUNTIME}/venv/bin/ansible-playbook gpufleet.node.validate\n" in unit, unit
+    assert "2.19.14" in fleet.sh(node, f"{RUNTIME}/venv/bin/ansible-playbook --version | head -1")
+    assert host.file(f"{RUNTIME}/collections/ansible_collections/gpufleet/node/playbooks/validate.yml").exists
 
+    t0 = time.monotonic()
     fleet.reboot(node)
 
     boot = fleet.nodes[node]["boot_id"]
@@ -104,6 +126,10 @@ def test_reboot_with_the_boot_units(fleet, converged):
     assert fleet.agent(node) == "up"
     pool = fleet.wait_pool(lambda p: p.get(node, {}).get("op_state") == "running")
     assert pool[node]["state"] == "ready" and pool[node]["op_state"] == "running", pool
+    print(f"\n{node}: from reboot to back in rotation in {time.monotonic() - t0:.1f} s")
+    # the node's run read the vaulted API key from vLLM's secrets file (its readiness check passed
+    # on /v1/models, which asks for it) and logged neither secret
+    assert not _leaked(fleet, fleet.sh(node, "journalctl -b --no-pager -o cat")), "a secret in the journal"
 
     drift = _drift(fleet, node, "after reboot, boot units on")
     assert drift.run.rc == 0, drift.run.explain()
@@ -137,7 +163,10 @@ def test_reboot_without_the_boot_units_then_site_restores(fleet, converged):
     for unit in ("gpufleet-acs.service", "gpufleet-validate.service", "vllm.service"):
         assert fleet.unit_state(node, unit)["ActiveState"] == "inactive", unit
     # out of rotation by itself: still a member of the pool, but its agent says down
-    assert fleet.agent(node) == f"down #no NCCL gate marker at {MARKER}: the gate has not run since boot"
+    # (one word for the balancer; the reason in full only in the node's journal)
+    assert fleet.agent(node) == "down #no-marker"
+    journal = fleet.sh(node, "journalctl -b -t gpufleet-lb-agent --no-pager -o cat")
+    assert f"no NCCL gate marker at {MARKER}: the gate has not run since boot" in journal, journal
     pool = fleet.wait_pool(lambda p: p.get(node, {}).get("op_state") == "stopped")
     assert pool[node]["op_state"] == "stopped", pool
 
@@ -159,8 +188,17 @@ def test_reboot_without_the_boot_units_then_site_restores(fleet, converged):
     assert f'gpufleet_drift_detected{{node="{node}"}} 1' in drift.prom
     _assert_others_unchanged(fleet, node)
 
-    run = fleet.site(limit=node, label=f"site.yml --limit {node} (restore)")
+    # site.yml writes vLLM's secrets file and the boot validation inventory again, with -vvv --diff:
+    # the vaulted secrets are in neither the output nor the inventory nor the journal
+    fleet.sh(node, f"rm -f {SECRETS_ENV} {NODE_INVENTORY}")
+    run = fleet.site("-vvv", "--diff", limit=node, label=f"site.yml -vvv --diff --limit {node} (restore)")
     assert fleet.recap_ok(run, node) and run.rc == 0, run.explain()
+    assert "Write the vLLM secrets env file" in run.output and "+++ after" in run.output, run.output[-3000:]
+    assert not _leaked(fleet, run.output), f"{_leaked(fleet, run.output)} in the output of site.yml -vvv --diff"
+    assert host.file(SECRETS_ENV).mode == 0o600
+    node_inventory = host.file(NODE_INVENTORY).content_string
+    assert not _leaked(fleet, node_inventory) and "$ANSIBLE_VAULT" not in node_inventory, node_inventory
+    assert not _leaked(fleet, fleet.sh(node, "journalctl -b --no-pager -o cat")), "a secret in the journal"
     pool = fleet.wait_pool(lambda p: p.get(node, {}).get("op_state") == "running")
     assert pool.get(node, {}).get("state") == "ready" and pool[node]["op_state"] == "running", pool
     assert fleet.config_servers().get(node) == f"{fleet.nodes[node]['address']}:8000"

@@ -1,7 +1,10 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Role boot_validation through ansible-playbook on a test tree: what the node's own run is given
-(by prefix, secrets 0600 and never printed, one-run switches and the central balancer left out),
-the unit, idempotence, and the refusal when the node cannot run ansible-playbook itself."""
+(the roles' declared variables; secrets never written nor printed, read on the node from its own
+files, vaulted ones too; one-run switches and the central balancer left out), the unit,
+idempotence, and the refusal when the node cannot run the operator's ansible-playbook itself. The
+runtime the role installs (venv from a wheelhouse, the controller's collection) is exercised by the
+lab's fleet (tests/fleet/test_fleet_3_reboot.py)."""
 
 from __future__ import annotations
 
@@ -70,9 +73,11 @@ def test_installs_a_node_local_run_idempotently(ansible_env, tmp_path):
         "gpu_topology_expect": {"gpu_count": 4},
         "lb_registration_balancer": "",
         "nccl_gate_min_busbw_gbps": 20,
-        "vllm_server_api_key": SECRET,
+        # read at boot from the node's 0600 secrets file, never written here
+        "vllm_server_api_key": "{{ vllm_server_secrets_file | gpufleet.node.boot_validation_env_file_value('VLLM_API_KEY') }}",
         "vllm_server_model": "Llama-3.3-70B-Instruct-FP8",
     }
+    assert SECRET not in inventory.read_text()
     cfg = (vdir / "ansible.cfg").read_text()
     assert f"inventory = {inventory}\n" in cfg and f"collections_path = {REPO / '.collections'}\n" in cfg
 
@@ -129,3 +134,84 @@ def test_off_installs_nothing_and_removes_an_earlier_install(ansible_env, tmp_pa
     assert not (root / "etc/gpufleet/validate").exists()
     rc, result = play(ansible_env, root, bin_, gpufleet_boot_validation=False)
     assert rc == 0 and result["stats"]["localhost"]["changed"] == 0
+
+
+HF_TOKEN = "hf_boot-validation-9876543210"
+VAULT_PASSWORD = "boot-validation-test-password"
+
+
+def _vaulted(name, value):
+    """`name: !vault |` and its ciphertext (ansible-vault's Python API), as inventory lines."""
+    from ansible.parsing.vault import VaultLib, VaultSecret
+
+    text = VaultLib([("default", VaultSecret(VAULT_PASSWORD.encode()))]).encrypt(value).decode()
+    assert value not in text
+    return [f"{name}: !vault |"] + [f"  {line}" for line in text.splitlines()]
+
+
+def test_keeps_vaulted_secrets_on_the_controller_and_the_node_reads_its_own(ansible_env, tmp_path):
+    """Vaulted vllm_server_api_key and vllm_server_hf_token in the inventory: never in the node's
+    inventory nor in the -vvv --diff output; the node's own run (the node-local ansible.cfg and
+    inventory, the collection's filter) reads the API key from the node's secrets file, and gets no
+    HF token. The runtime the role installs (venv from the wheelhouse, the collection built from
+    this tree) is the lab's business: tests/fleet/test_fleet_3_reboot.py boots on it; here the
+    operator's own runtime skips the install."""
+    root = tmp_path / "root"
+    password = tmp_path / "vault-password"
+    password.write_text(VAULT_PASSWORD + "\n")
+    password.chmod(0o600)
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(
+        "localhost:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
+        "      ansible_python_interpreter: /usr/bin/python3\n"
+        "      vllm_server_model: Llama-3.3-70B-Instruct-FP8\n"
+        f"      vllm_server_secrets_file: {root}/etc/vllm/secrets.env\n"
+        + "".join(
+            f"      {line}\n"
+            for name, value in (("vllm_server_api_key", SECRET), ("vllm_server_hf_token", HF_TOKEN))
+            for line in _vaulted(name, value)
+        )
+    )
+    playbook_bin = REPO / ".venv/bin/ansible-playbook"
+    extra = {
+        "root": str(root),
+        "boot_validation_ansible_playbook": str(playbook_bin),
+        "boot_validation_collections_path": str(REPO / ".collections"),
+    }
+    run = run_playbook(
+        PLAYBOOK, "-vvv", "--diff", "--vault-password-file", str(password),
+        inventory=inventory, extra_vars=extra, env=ansible_env, merge_stderr=True,
+    )  # fmt: skip
+    assert run.rc == 0 and run.recap["localhost"]["failed"] == 0, run.explain()
+    assert "+++ after" in run.output, "no --diff of the node's inventory"
+    for secret in (SECRET, HF_TOKEN):
+        assert secret not in run.output, "a secret was printed"
+    vdir = root / "etc/gpufleet/validate"
+    node_inventory = (vdir / "inventory.yml").read_text()
+    for leaked in (SECRET, HF_TOKEN, "$ANSIBLE_VAULT", "vllm_server_hf_token"):
+        assert leaked not in node_inventory, leaked
+    assert f"collections_path = {REPO / '.collections'}\n" in (vdir / "ansible.cfg").read_text()
+
+    # The node's own run, as the unit starts it (no vault password there): the node-local
+    # ansible.cfg and inventory, the collection's filter reading the node's secrets file.
+    secrets = root / "etc/vllm/secrets.env"
+    secrets.parent.mkdir(parents=True)
+    secrets.write_text(f"HF_TOKEN={HF_TOKEN}\nVLLM_API_KEY={SECRET}\n")
+    check = tmp_path / "check.yml"
+    check.write_text(
+        "- hosts: gpu_nodes\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.assert:\n        that: vllm_server_api_key == lookup('env', 'EXPECTED')\n"
+        "        quiet: true\n"
+        "    - ansible.builtin.assert:\n        that: vllm_server_hf_token is not defined\n        quiet: true\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "ANSIBLE_CONFIG": str(vdir / "ansible.cfg")}
+    node_run = subprocess.run(
+        [str(playbook_bin), str(check)],
+        env=dict(env, EXPECTED=SECRET),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert node_run.returncode == 0, node_run.stdout + node_run.stderr
+    assert SECRET not in node_run.stdout + node_run.stderr

@@ -1,54 +1,171 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The variables a node's own boot validation is given (filter boot_validation_vars)."""
+"""What a node's own boot validation is given: the roles' declared contract (meta/node_run.yml),
+secrets read on the node, and the digest that decides when the node's collection is reinstalled."""
 
 from __future__ import annotations
 
+import io
+import json
+import tarfile
+from pathlib import Path
+
 import pytest
+import yaml
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpufleet.node.plugins.filter.boot_validation import boot_validation_vars
+from ansible_collections.gpufleet.node.plugins.filter.boot_validation import (
+    boot_validation_collection_digest,
+    boot_validation_contract,
+    boot_validation_declarations,
+    boot_validation_env_file_value,
+    boot_validation_vars,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+ROLES = REPO / "roles"
 
 
-def test_node_vars_by_prefix_without_results_private_names_or_exclusions():
+def _contract():
+    return boot_validation_contract(boot_validation_declarations(str(ROLES)))
+
+
+def test_every_role_declares_its_contract_next_to_its_argument_spec():
+    for role in sorted(p.name for p in ROLES.iterdir() if (p / "meta/argument_specs.yml").exists()):
+        assert (ROLES / role / "meta/node_run.yml").exists(), role
+        decl = yaml.safe_load((ROLES / role / "meta/node_run.yml").read_text())["node_run"]
+        spec = yaml.safe_load((ROLES / role / "meta/argument_specs.yml").read_text())["argument_specs"]
+        options = {name for entry in spec.values() for name in entry.get("options", {})}
+        if role != "boot_validation":  # it declares the collection-wide gpufleet_* settings
+            # a declared name is one of the role's own options (no typo silently drops a setting)
+            assert set(decl["vars"]) | set(decl.get("from_node_files", {})) <= options, role
+    contract = _contract()
+    assert contract["from_node_files"] == {
+        "vllm_server_api_key": {"file": "vllm_server_secrets_file", "key": "VLLM_API_KEY"}
+    }
+    # the controller's one-run switches, the central balancer and the HF token are never exported
+    for name in (
+        "vllm_server_hf_token",
+        "vllm_server_api_key",
+        "lb_registration_api_key",
+        "lb_registration_balancer",
+        "lb_registration_socket",
+        "lb_registration_config_file",
+        "lb_registration_state",
+        "nccl_gate_force",
+        "gpufleet_serial",
+        "gpufleet_max_fail_percentage",
+        "boot_validation_extra_vars",
+    ):
+        assert name not in contract["vars"], name
+
+
+def test_only_declared_variables_are_exported_and_secrets_are_read_on_the_node():
     host = {
         "vllm_server_model": "Llama-3.3-70B-Instruct-FP8",
+        "vllm_server_api_key": "sk-secret",
+        "vllm_server_hf_token": "hf_secret",
+        # has the role's prefix, but no role declares it: a variable added later is not exported
+        "vllm_server_some_new_setting": "x",
         "nccl_gate_min_busbw_gbps": 20,
         "nccl_gate_force": True,
         "lb_registration_balancer": "lb1",
         "ansible_host": "10.0.0.2",
         "pcie_p2p_acs": {"changed": False, "ports": []},
-        "pcie_p2p_audit": {"failed": False},
-        "__nccl_gate_boot_id": "x",
         "gpu_topology_expect": {"gpu_count": 4},
-        "other": 1,
-        "gpufleet_acceptance_load_test": True,
         "gpufleet_acceptance_duration": 3,
         "gpufleet_sysfs_path": "/sys/bus/pci",
+        "nccl_gate_stop_services": ["dcgm.service"],
     }
-    out = boot_validation_vars(
-        host,
-        ["vllm_server_", "nccl_gate_", "lb_registration_", "pcie_p2p_", "gpu_topology_", "gpufleet_"],
-        ["nccl_gate_force", "lb_registration_balancer", "gpufleet_acceptance_.*"],
-        {"ansible_connection": "local", "lb_registration_balancer": ""},
-    )
+    out = boot_validation_vars(host, _contract(), {"ansible_connection": "local", "lb_registration_balancer": ""})
     assert out == {
         "ansible_connection": "local",
         "gpu_topology_expect": {"gpu_count": 4},
         "gpufleet_sysfs_path": "/sys/bus/pci",
         "lb_registration_balancer": "",
         "nccl_gate_min_busbw_gbps": 20,
+        "nccl_gate_stop_services": ["dcgm.service"],
+        "vllm_server_api_key": "{{ vllm_server_secrets_file | gpufleet.node.boot_validation_env_file_value('VLLM_API_KEY') }}",
         "vllm_server_model": "Llama-3.3-70B-Instruct-FP8",
     }
     assert list(out) == sorted(out)
+    assert "sk-secret" not in json.dumps(out) and "hf_secret" not in json.dumps(out)
 
 
-def test_bad_prefixes_are_refused():
-    with pytest.raises(AnsibleFilterError, match="prefixes must be a list"):
-        boot_validation_vars({}, "vllm_server_")
-    with pytest.raises(AnsibleFilterError, match="prefixes must be a list"):
-        boot_validation_vars({}, [""])
+def test_a_secret_in_the_extra_vars_is_refused():
+    with pytest.raises(AnsibleFilterError, match="vllm_server_api_key is a secret"):
+        boot_validation_vars({}, _contract(), {"vllm_server_api_key": "sk-x"})
 
 
-def test_a_bad_exclude_pattern_is_refused():
-    with pytest.raises(AnsibleFilterError, match="exclude pattern is not a regular expression"):
-        boot_validation_vars({"vllm_server_model": "m"}, ["vllm_server_"], ["vllm_server_("])
+def test_bad_declarations_are_refused():
+    with pytest.raises(AnsibleFilterError, match="must hold one mapping, node_run"):
+        boot_validation_contract({"r": {"vars": []}})
+    with pytest.raises(AnsibleFilterError, match="vars must be a list of variable names"):
+        boot_validation_contract({"r": {"node_run": {"vars": ["a b"]}}})
+    with pytest.raises(AnsibleFilterError, match="unknown keys prefixes"):
+        boot_validation_contract({"r": {"node_run": {"prefixes": ["r_"]}}})
+    with pytest.raises(AnsibleFilterError, match="needs file"):
+        boot_validation_contract({"r": {"node_run": {"from_node_files": {"r_key": {"file": "r_file"}}}}})
+    with pytest.raises(AnsibleFilterError, match="cannot be in vars too"):
+        boot_validation_contract(
+            {"r": {"node_run": {"vars": ["k"], "from_node_files": {"k": {"file": "f", "key": "K"}}}}}
+        )
+    with pytest.raises(AnsibleFilterError, match="declared by both a and b"):
+        boot_validation_contract({"a": {"node_run": {"vars": ["x"]}}, "b": {"node_run": {"vars": ["x"]}}})
+    with pytest.raises(AnsibleFilterError, match="must come from boot_validation_contract"):
+        boot_validation_vars({}, ["vllm_server_"])
+
+
+def test_env_file_value(tmp_path):
+    env = tmp_path / "secrets.env"
+    assert boot_validation_env_file_value(env, "VLLM_API_KEY") == ""  # no file: no key
+    env.write_text("# Ansible managed\nHF_TOKEN=hf_x\nVLLM_API_KEY=sk-a=b:c%d\n")
+    assert boot_validation_env_file_value(env, "VLLM_API_KEY") == "sk-a=b:c%d"
+    assert boot_validation_env_file_value(env, "HF_TOKEN") == "hf_x"
+    assert boot_validation_env_file_value(env, "OTHER") == ""
+
+
+def _tarball(path, files, version="0.1.0"):
+    entries = [{"name": n, "ftype": "file", "chksum_sha256": c} for n, c in files.items()]
+    entries.append({"name": "plugins/__pycache__", "ftype": "dir", "chksum_sha256": None})
+    members = {
+        "MANIFEST.json": {"collection_info": {"namespace": "gpufleet", "name": "node", "version": version}},
+        "FILES.json": {"files": entries},
+    }
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            raw = json.dumps(data).encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+    return str(path)
+
+
+def test_the_collection_digest_follows_the_runtime_files_not_the_version_alone(tmp_path):
+    base = {"roles/r/tasks/main.yml": "a", "plugins/modules/m.py": "b", "tests/t.py": "c", ".ruff_cache/x": "d"}
+    one = boot_validation_collection_digest(_tarball(tmp_path / "1.tar.gz", base))
+    assert one == boot_validation_collection_digest(_tarball(tmp_path / "2.tar.gz", base))
+    # the code changed, the version did not: a new digest
+    changed = dict(base, **{"plugins/modules/m.py": "b2"})
+    assert boot_validation_collection_digest(_tarball(tmp_path / "3.tar.gz", changed)) != one
+    # caches and tests of the controller's checkout do not reinstall every node
+    noise = dict(base, **{"tests/t.py": "c2", ".ruff_cache/x": "d2"})
+    assert boot_validation_collection_digest(_tarball(tmp_path / "4.tar.gz", noise)) == one
+    assert boot_validation_collection_digest(_tarball(tmp_path / "5.tar.gz", base, version="0.2.0")) != one
+    with pytest.raises(AnsibleFilterError, match="is not a built collection"):
+        boot_validation_collection_digest(str(tmp_path / "missing.tar.gz"))
+
+
+def test_the_node_requirements_pin_the_controllers_ansible_core():
+    def pins(path):
+        out = {}
+        for line in path.read_text().splitlines():
+            line = line.split("#")[0].strip()
+            if "==" in line:
+                name, version = line.split("==")
+                out[name.lower()] = version
+        return out
+
+    node = pins(ROLES / "boot_validation/files/requirements-node.txt")
+    controller = pins(REPO / "requirements.txt")
+    for name in ("ansible-core", "nvidia-ml-py", "jinja2", "pyyaml"):
+        assert node[name] == controller[name], name

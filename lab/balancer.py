@@ -5,6 +5,8 @@ Its configuration, PID file and admin runtime socket live in the state directory
 pool is the backend ``vllm_pool``, empty at start: the registration role adds servers with the
 runtime API (``add server vllm_pool/NODE ADDR:PORT check`` then ``enable server``, ``enable
 health``) and may also write them into the configuration file so a restart keeps the pool.
+Frontend ``prometheus`` is HAProxy's built-in exporter (``/metrics`` on 127.0.0.1:8405, or a free
+port when another lab holds it), scraped by the lab's Prometheus (lab/prometheus.py).
 
 The lab speaks the runtime API with the collection's one client (``_haproxy.RuntimeAPI``): it is a
 protocol client, not one of the classifiers the lab is there to check.
@@ -52,6 +54,13 @@ listen stats
     stats uri /
     stats refresh 5s
 
+# HAProxy's built-in Prometheus exporter (HAProxy >= 2.4), scraped by the lab's Prometheus: the
+# pool membership (haproxy_server_status) that role monitoring's GpufleetNodeOutOfPool reads.
+frontend prometheus
+    bind 127.0.0.1:{exporter_port}
+    http-request use-service prometheus-exporter if {{ path /metrics }}
+    no log
+
 backend {backend}
     balance leastconn
     option httpchk GET /health
@@ -61,9 +70,17 @@ backend {backend}
 """
 
 
-def free_port():
+# Where role monitoring expects HAProxy's exporter (monitoring_haproxy_exporter_port).
+EXPORTER_PORT = 8405
+
+
+def free_port(preferred=0):
+    """A free TCP port on 127.0.0.1: `preferred` when it is free, else any."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        try:
+            s.bind(("127.0.0.1", preferred))
+        except OSError:
+            s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
@@ -84,6 +101,7 @@ class Balancer:
             "backend": BACKEND,
             "frontend_port": free_port(),
             "stats_port": free_port(),
+            "exporter_port": free_port(EXPORTER_PORT),
             "address": "127.0.0.1",
         }
 
@@ -94,6 +112,7 @@ class Balancer:
                 pidfile=self.pidfile,
                 port=self.spec["frontend_port"],
                 stats_port=self.spec["stats_port"],
+                exporter_port=self.spec["exporter_port"],
                 backend=BACKEND,
             )
         )

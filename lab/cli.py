@@ -84,6 +84,15 @@ def parser():
         help="per node: gate verdict and pool membership against what a correct run must leave; exit 1 on any mismatch",
     )
     rep.add_argument("--json", action="store_true", help="machine-readable")
+    al = sub.add_parser(
+        "alerts", help="the alerts of the lab's Prometheus (pending and firing); --wait for one to fire"
+    )
+    al.add_argument("--json", action="store_true", help="machine-readable")
+    al.add_argument("--wait", metavar="ALERT", help="wait until this alert fires (for every --node given)")
+    al.add_argument(
+        "--node", action="append", default=[], metavar="NODE", help="with --wait: the node it must fire for"
+    )
+    al.add_argument("--timeout", type=float, default=120.0, help="seconds --wait waits (default 120)")
     return p
 
 
@@ -103,6 +112,54 @@ def _print_status(st):
         f"  balancer: HAProxy {b['state']}, frontend {b['frontend']}, backend {b['backend']}, "
         f"runtime socket {b['runtime_socket']}"
     )
+    prom = st.get("prometheus")
+    if prom:
+        print(f"  prometheus: {prom['state']}, {prom['url']} (rules {prom['rules']})")
+
+
+def _alerts(fleet, args):
+    """`lab alerts`: print the alerts; with --wait, first wait until ALERT fires for every --node."""
+    import time
+
+    prom = fleet.prometheus()
+    if not prom:
+        raise LabError(
+            f"no lab with a Prometheus at {fleet.state}: run `python -m lab up` (a lab brought up by an older "
+            "checkout has none: `python -m lab down` first)"
+        )
+    deadline = time.monotonic() + args.timeout
+    while True:
+        alerts = prom.alerts()
+        if not args.wait:
+            break
+        firing = {
+            a["labels"].get("node")
+            for a in alerts
+            if a["labels"].get("alertname") == args.wait and a["state"] == "firing"
+        }
+        missing = [n for n in args.node if n not in firing] if args.node else ([] if firing else [args.wait])
+        if not missing:
+            break
+        if time.monotonic() > deadline:
+            raise LabError(
+                f"{args.wait} is not firing for {', '.join(missing)} after {args.timeout:.0f} s; "
+                f"see {prom.url}/alerts and `python -m lab alerts`"
+            )
+        time.sleep(1)
+    if args.json:
+        json.dump(alerts, sys.stdout, indent=1)
+        print()
+        return
+    print(f"alerts of the lab's Prometheus {prom.url}/alerts:")
+    if not alerts:
+        print("  none")
+    for a in sorted(alerts, key=lambda a: (a["labels"].get("alertname", ""), a["labels"].get("node", ""))):
+        labels = a["labels"]
+        print(
+            f"  {a['state'].upper():<8} {labels.get('alertname', '?'):<32} node={labels.get('node', '-'):<8} "
+            f"severity={labels.get('severity', '-')} since {a.get('activeAt', '?')[:19]}Z: "
+            f"{a.get('annotations', {}).get('summary', '')}"
+        )
 
 
 def main(argv=None):
@@ -125,6 +182,8 @@ def main(argv=None):
             fleet.start_node(args.node)
         elif args.verb == "balancer":
             fleet.balancer_ctl(args.action)
+        elif args.verb == "alerts":
+            _alerts(fleet, args)
         elif args.verb == "status":
             st = fleet.status()
             if args.json:

@@ -19,6 +19,9 @@ PROGRAMS = {
     "haproxy": "haproxy",
     "lspci": "pciutils",
     "setpci": "pciutils",
+    "prometheus": "prometheus",
+    "promtool": "prometheus",
+    "prometheus-node-exporter": "prometheus-node-exporter",
 }
 SYSTEMD = "/lib/systemd/systemd"
 SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin")

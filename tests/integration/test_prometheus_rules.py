@@ -8,37 +8,33 @@
   the role's defaults (the shipped file is the role's template rendered with its defaults:
   tests/integration/test_monitoring_role.py renders it and compares);
 * every dashboard panel's PromQL parses (as recording rules, ``promtool check rules``), and
-  ``evaluate_dashboard(url)`` runs each against a live Prometheus (the lab's tests call it).
+  ``tests.support.evaluate_dashboard(url)`` runs each against the lab's live Prometheus
+  (tests/fleet/test_fleet_6_prometheus.py).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
 from plugins.module_utils import _recycle, _vllm_metrics
+from tests.support import DASHBOARD, dashboard, dashboard_queries
+from tests.support import dashboard_panels as panels
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "monitoring"
 RULES = ROLE / "files" / "gpufleet.rules.yml"
-DASHBOARD = ROLE / "files" / "gpufleet.dashboard.json"
 PROMTOOL_TESTS = REPO / "tests" / "data" / "promtool"
 PROMTOOL = shutil.which("promtool")
 
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool is missing (Debian package prometheus; scripts/setup.sh installs it)"
 )
-
-# What a dashboard variable stands for when the expression runs outside Grafana.
-DASHBOARD_VALUES = {"__rate_interval": "5m", "node": ".+", "backend": "vllm_pool"}
 
 
 def rules():
@@ -128,10 +124,11 @@ def test_for_durations_are_the_roles_defaults():
 
 
 def test_rules_read_the_metrics_the_roles_write():
-    """Every gpufleet_* metric the rules use is written by a template or module_utils."""
+    """Every gpufleet_* metric the rules use is written by a template, an action plugin (the drift
+    report's) or module_utils."""
     sources = "".join(
         p.read_text()
-        for pattern in ("roles/*/templates/**/*.prom.j2", "playbooks/templates/*.prom.j2")
+        for pattern in ("roles/*/templates/**/*.prom.j2", "playbooks/templates/*.prom.j2", "plugins/action/*.py")
         for p in REPO.glob(pattern)
     ) + _recycle.textfile({"rss_slope_mib_per_min": 1.0, "rss_bytes": 1}, {"last_recycle_kind": "x"})
     used = set(re.findall(r'(?<!["\w])gpufleet_[a-z_]+', " ".join(r["expr"] for r in alerts().values())))
@@ -139,46 +136,6 @@ def test_rules_read_the_metrics_the_roles_write():
 
 
 # --- the dashboard --------------------------------------------------------------------------------
-
-
-def dashboard():
-    return json.loads(DASHBOARD.read_text())
-
-
-def panels(board):
-    for p in board["panels"]:
-        yield p
-        yield from p.get("panels", [])
-
-
-def dashboard_queries(board=None, values=None):
-    """[(panel title, PromQL)] with the dashboard's variables replaced by ``values``."""
-    values = {**DASHBOARD_VALUES, **(values or {})}
-    out = []
-    for p in panels(board or dashboard()):
-        for t in p.get("targets", []):
-            expr = t["expr"]
-            for name in sorted(values, key=len, reverse=True):
-                expr = expr.replace("${%s}" % name, values[name]).replace("$" + name, values[name])
-            out.append((p["title"], expr))
-    return out
-
-
-def evaluate_dashboard(prometheus_url, values=None, timeout=10):
-    """Run every panel's expression against a live Prometheus; return {(title, expr): series
-    count, or the error text}. The lab's test asserts every count is at least 1."""
-    results = {}
-    for title, expr in dashboard_queries(values=values):
-        url = prometheus_url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as resp:
-                body = json.load(resp)
-        except Exception as exc:  # an HTTPError carries Prometheus' parse error
-            detail = exc.read().decode(errors="replace") if hasattr(exc, "read") else ""
-            results[(title, expr)] = f"{exc} {detail}".strip()
-            continue
-        results[(title, expr)] = len(body["data"]["result"]) if body.get("status") == "success" else str(body)
-    return results
 
 
 def test_dashboard_shape():

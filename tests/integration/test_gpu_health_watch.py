@@ -241,8 +241,19 @@ def test_the_roles_failures_stand_beside_the_watchers_own(node):
     keeps its failures when the watcher adds an XID: the file never loses a reason."""
     clocks = {"name": "clocks", "status": "fail", "gpus": ["0000:53:00.0"], "reason": "hw_slowdown active",
               "action": "drain and inspect the hardware"}  # fmt: skip
+    peermem = {"name": "peermem", "status": "warn", "gpus": [], "reason": "nvidia_peermem is not loaded",
+               "action": "fix the node configuration"}  # fmt: skip
     (node / "run" / "gpu-health.json").write_text(
-        json.dumps({"boot_id": BOOT, "passed": False, "source": "gpu_health_info", "checks": [clocks]})
+        json.dumps(
+            {
+                "boot_id": BOOT,
+                "passed": False,
+                "source": "gpu_health",
+                "checks": [clocks],
+                "warnings": [peermem],
+                "action": "drain and inspect the hardware",
+            }  # fmt: skip
+        )
     )
     with (node / "kern.log").open("a") as log:
         log.write(XID_79)
@@ -251,3 +262,23 @@ def test_the_roles_failures_stand_beside_the_watchers_own(node):
     verdict = json.loads((node / "run" / "gpu-health.json").read_text())
     assert [c["name"] for c in verdict["checks"]] == ["xid", "clocks"], verdict
     assert "xid: XID 79" in verdict["reason"] and "clocks: hw_slowdown active" in verdict["reason"]
+    # nor a warning, and it names the strongest action of them all, as the role's verdict does
+    assert verdict["warnings"] == [peermem] and verdict["action"] == "drain and inspect the hardware", verdict
+
+
+def test_a_watchers_verdict_names_its_strongest_action_and_keeps_this_boots_warnings(node):
+    """Over a passing verdict of this boot (the role's, with a warning): the warning stays; over
+    one of another boot: nothing of it stays."""
+    peermem = {"name": "peermem", "status": "warn", "gpus": [], "reason": "nvidia_peermem is not loaded",
+               "action": "fix the node configuration"}  # fmt: skip
+    path = node / "run" / "gpu-health.json"
+    w = judge(node)
+    w.feed([XID_79.strip()])
+    for boot, kept in ((BOOT, [peermem]), ("an-older-boot", [])):
+        path.write_text(json.dumps({"boot_id": boot, "passed": True, "source": "gpu_health", "checks": [],
+                                    "warnings": [peermem], "action": "none"}))  # fmt: skip
+        w.written = None
+        assert w.enforce(w.failures(None, None, 0))
+        verdict = json.loads(path.read_text())
+        assert verdict["passed"] is False and [c["name"] for c in verdict["checks"]] == ["xid"], verdict
+        assert verdict["action"] == "reboot" and verdict["warnings"] == kept, verdict

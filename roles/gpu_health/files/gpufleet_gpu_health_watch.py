@@ -288,16 +288,22 @@ class Watch:
             return True
         # The failures of this boot that the watcher does not judge (the role's full check: clocks,
         # AER, fabric, ...) stand beside its own until the role judges the node again.
+        # Its warnings stay too, and the verdict names the strongest action, as the role's does.
         own = {c["name"] for c in failed}
-        standing = []
-        if current and current.get("boot_id") == boot_id and current.get("passed") is False:
-            standing = [c for c in current.get("checks") or [] if c.get("name") not in own]
+        standing, warnings = [], []
+        if current and current.get("boot_id") == boot_id:
+            warnings = [w for w in current.get("warnings") or [] if w.get("name") not in own]
+            if current.get("passed") is False:
+                standing = [c for c in current.get("checks") or [] if c.get("name") not in own]
         checks = failed + standing
+        actions = rules._health.ACTIONS
         verdict = {
             "boot_id": boot_id,
             "passed": False,
             "source": SOURCE,
             "checks": checks,
+            "warnings": warnings,
+            "action": max((c.get("action") for c in checks), key=lambda a: actions.index(a) if a in actions else -1),
             "reason": "; ".join("%s: %s" % (c["name"], c["reason"]) for c in checks),
             "timestamp": round(time.time(), 3),
         }

@@ -6,7 +6,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 debs=(pciutils iproute2 openssh-server openssh-client haproxy systemd git python3 python3-yaml python3-prometheus-client
-      shellcheck prometheus prometheus-node-exporter)
+      shellcheck prometheus prometheus-node-exporter cmake g++)
 missing=()
 for pkg in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -32,3 +32,25 @@ fi
 # on its Python version).
 strategy=$("$repo/.venv/bin/python" -c 'import ansible_mitogen, os; print(os.path.join(os.path.dirname(ansible_mitogen.__file__), "plugins", "strategy"))')
 ln -sfn "$strategy" "$repo/.venv/mitogen-strategy"
+# The wheelhouse of a node's own boot validation (role boot_validation, boot_validation_wheelhouse):
+# the wheels of roles/boot_validation/files/requirements-node.txt, downloaded once and cached by
+# that file's hash, so that the lab's nodes (and anything after this step) need no network.
+node_reqs=$repo/roles/boot_validation/files/requirements-node.txt
+wheelhouse=${XDG_CACHE_HOME:-$HOME/.cache}/gpufleet/wheelhouse-$(sha256sum "$node_reqs" | cut -c1-16)
+if [[ ! -d $wheelhouse ]]; then
+  echo "setup: downloading the nodes' wheelhouse into $wheelhouse"
+  mkdir -p "$(dirname "$wheelhouse")"
+  tmp=$(mktemp -d "$wheelhouse.tmp.XXXXXX")
+  "$repo/.venv/bin/pip" download -q --disable-pip-version-check --only-binary=:all: -d "$tmp" -r "$node_reqs"
+  mv -T "$tmp" "$wheelhouse"
+fi
+# llama.cpp's llama-server for CPU (role llamacpp_server's tests and the lab's heterogeneous node):
+# built once from the pinned source, cached under ~/.cache/gpufleet; a second call does nothing.
+bash "$repo/scripts/build-llama-server.sh"
+# Each lab node runs systemd, logind and dbus: 5 to 8 inotify instances per node, all charged to
+# root; the kernel's default of 128 stops new nodes at about 15 across the machine's labs (a node
+# without one dies at boot with an empty console). Large labs (bench_fleet's 16 nodes) need more.
+if [[ $(id -u) -eq 0 ]] && (($(sysctl -n fs.inotify.max_user_instances) < 1024)); then
+  sysctl -q -w fs.inotify.max_user_instances=1024 ||
+    echo "setup: could not raise fs.inotify.max_user_instances; labs of more than ~15 nodes will not boot" >&2
+fi

@@ -21,7 +21,9 @@ ansible-lint --profile production --nocolor || failed+=(ansible-lint)
 echo "== ansible-test sanity"
 bash tests/sanity/run.sh || failed+=("ansible-test sanity")
 echo "== pytest"
-python -m pytest -p no:cacheprovider "$@" || failed+=(pytest)
+# Two workers (pytest-xdist): the session lab's tests on one, the localhost role runs on the other
+# (tests/conftest.py XDIST_GROUPS); the rest wherever a worker is free.
+python -m pytest -p no:cacheprovider -n 2 --dist loadgroup "$@" || failed+=(pytest)
 if ((${#failed[@]})); then
   echo "FAILED: ${failed[*]}" >&2
   exit 1

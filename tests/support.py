@@ -270,15 +270,88 @@ class MetricsServer(FakeHTTP):
         return texts.pop(0) if len(texts) > 1 else texts[0]
 
 
+# --- Prometheus and the collection's dashboard ------------------------------------------------------
+
+DASHBOARD = REPO / "roles" / "monitoring" / "files" / "gpufleet.dashboard.json"
+# What a dashboard variable stands for when the expression runs outside Grafana.
+DASHBOARD_VALUES = {"__rate_interval": "5m", "node": ".+", "backend": "vllm_pool"}
+
+
+def dashboard():
+    return json.loads(DASHBOARD.read_text())
+
+
+def dashboard_panels(board):
+    """Every panel of a dashboard, those inside rows included."""
+    for p in board["panels"]:
+        yield p
+        yield from p.get("panels", [])
+
+
+def dashboard_queries(board=None, values=None):
+    """[(panel title, PromQL)] with the dashboard's variables replaced by ``values``."""
+    values = {**DASHBOARD_VALUES, **(values or {})}
+    out = []
+    for p in dashboard_panels(board or dashboard()):
+        for t in p.get("targets", []):
+            expr = t["expr"]
+            for name in sorted(values, key=len, reverse=True):
+                expr = expr.replace("${%s}" % name, values[name]).replace("$" + name, values[name])
+            out.append((p["title"], expr))
+    return out
+
+
+def prometheus_api(url, path, timeout=10, **params):
+    """GET <url>/api/v1/<path>?params from a live Prometheus; its `data` (raises on an error answer:
+    an HTTPError carries Prometheus' parse error)."""
+    import urllib.parse
+    import urllib.request
+
+    query = f"?{urllib.parse.urlencode(params)}" if params else ""
+    with urllib.request.urlopen(f"{url.rstrip('/')}/api/v1/{path}{query}", timeout=timeout) as resp:
+        body = json.load(resp)
+    if body.get("status") != "success":
+        raise AssertionError(f"Prometheus answered {path} {params}: {body}")
+    return body["data"]
+
+
+def evaluate_dashboard(prometheus_url, values=None, timeout=10):
+    """Run every panel's expression against a live Prometheus; return {(title, expr): series
+    count, or the error text}. The lab's test asserts every count is at least 1."""
+    results = {}
+    for title, expr in dashboard_queries(values=values):
+        try:
+            results[(title, expr)] = len(prometheus_api(prometheus_url, "query", timeout=timeout, query=expr)["result"])
+        except Exception as exc:  # an HTTPError carries Prometheus' parse error
+            detail = exc.read().decode(errors="replace") if hasattr(exc, "read") else ""
+            results[(title, expr)] = f"{exc} {detail}".strip()
+    return results
+
+
 # --- the session's lab ----------------------------------------------------------------------------
 
 FLEET_PROFILES = [
     p.strip()
-    for p in os.environ.get("GPUFLEET_FLEET_PROFILES", "l40s-4x-switch,l40s-x8-degraded").split(",")
+    for p in os.environ.get("GPUFLEET_FLEET_PROFILES", "l40s-4x-switch,l40s-x8-degraded,a6000-4090-hetero").split(",")
     if p.strip()
 ]
 SPARE_PROFILE = "l40s-4x-switch"
-LAB_TIMINGS: list = []  # (label, seconds, rc) of lab boots and fleet playbook runs: the summary's
+
+
+class _Timings(list):
+    """(label, seconds, rc) of lab boots and fleet playbook runs, for the run's summary. Under
+    pytest-xdist each worker also appends them to the file that the controller names in
+    GPUFLEET_LAB_TIMINGS (tests/conftest.py), since the summary is printed by the controller."""
+
+    def append(self, entry):
+        super().append(entry)
+        path = os.environ.get("GPUFLEET_LAB_TIMINGS")
+        if path:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(list(entry)) + "\n")
+
+
+LAB_TIMINGS = _Timings()
 
 
 class SessionLab:
@@ -322,6 +395,9 @@ class SessionLab:
         self.cli("up", "--profiles", ",".join(self.profiles), timeout=400)
         self.up_seconds = time.monotonic() - t0
         LAB_TIMINGS.append((f"lab up --profiles {','.join(self.profiles)}", self.up_seconds, 0))
+        # The inventory's secrets are vaulted (lab/fleet.py): every ansible run of this process
+        # (ansible_environment(), the fleet's runs, testinfra) gets the lab's vault password.
+        os.environ["ANSIBLE_VAULT_PASSWORD_FILE"] = str(self.vault_password_file)
 
     def down(self):
         """Down on the first try (issue: a cgroup not yet empty), then the state directory goes."""
@@ -329,6 +405,8 @@ class SessionLab:
             self.cli("down", timeout=120)
         finally:
             shutil.rmtree(self.state, ignore_errors=True)
+            if os.environ.get("ANSIBLE_VAULT_PASSWORD_FILE") == str(self.vault_password_file):
+                del os.environ["ANSIBLE_VAULT_PASSWORD_FILE"]
 
     @property
     def fleet(self):
@@ -340,6 +418,15 @@ class SessionLab:
     @property
     def key(self):
         return self.state / "ssh" / "id_ed25519"
+
+    @property
+    def vault_password_file(self):
+        return self.state / "vault-password"
+
+    @property
+    def secrets(self):
+        """{variable: plain text} of the secrets vaulted in the lab's inventory (api key, HF token)."""
+        return self.fleet.secrets()
 
     def spec(self, node):
         return next(n for n in self.fleet.data()["nodes"] if n["name"] == node)

@@ -32,6 +32,7 @@ import lab.hwmodel as hw
 
 from . import prometheus
 from .preflight import LabError
+from .procs import starttime as _starttime
 
 HW_IN_NODE = "/lab/hw"
 LAB_PACKAGE = Path(__file__).resolve().parent
@@ -89,16 +90,6 @@ def _write(path, text, mode=0o644):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     os.chmod(path, mode)
-
-
-def _starttime(pid):
-    """Field 22 of /proc/PID/stat and whether the process is a zombie, or None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            rest = f.read().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return None
-    return int(rest[19]), rest[0] == "Z"
 
 
 class Machine:

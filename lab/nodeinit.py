@@ -130,8 +130,13 @@ def assemble(cfg):
                     os.makedirs(os.path.dirname(root + item), exist_ok=True)
                     open(root + item, "a").close()
             run("mount", "-o", "remount,ro", root + path)
+    # Mount points where the node's root has none (a checkout under /tmp: the node's /tmp is its own).
+    os.makedirs(root + cfg["lab_package"], exist_ok=True)
     bind(cfg["lab_package"], root + cfg["lab_package"], readonly=True)
     for item in cfg.get("lab_files", ()):
+        if not os.path.exists(root + item):
+            os.makedirs(os.path.dirname(root + item), exist_ok=True)
+            open(root + item, "a").close()
         bind(item, root + item, readonly=True)
 
 

@@ -30,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 from .preflight import LabError
+from .procs import starttime as _starttime
 
 REPO = Path(__file__).resolve().parent.parent
 ROLE = REPO / "roles" / "monitoring"
@@ -162,15 +163,6 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _starttime(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            rest = f.read().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return None
-    return int(rest[19]), rest[0] == "Z"
 
 
 class Prometheus:

@@ -30,7 +30,8 @@ import json
 import math
 import os
 import re
-import tempfile
+
+from ansible_collections.gpufleet.node.plugins.module_utils import _atomic
 
 FORMAT = 1
 DEFAULT_FRACTION = 0.96
@@ -278,26 +279,7 @@ class Store:
             "samples": samples,
             "checksum": checksum(samples),
         }
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix="." + key + ".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(doc, f, indent=1, sort_keys=True)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        dfd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        _atomic.write(path, json.dumps(doc, indent=1, sort_keys=True) + "\n", mode=0o644)
 
     def keys(self):
         try:

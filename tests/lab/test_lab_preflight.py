@@ -110,9 +110,10 @@ def test_plan_cycles_the_default_fleet():
         ("node2", "l40s-4x-switch"),
         ("node3", "h100-sxm-8x"),
         ("node4", "l40s-x8-degraded"),
+        ("node5", "a6000-4090-hetero"),
     ]
-    six = F.plan(nodes=6)
-    assert [p for _, p in six[4:]] == ["l40s-4x-switch", "l40s-4x-switch"]
+    seven = F.plan(nodes=7)
+    assert [p for _, p in seven[5:]] == ["l40s-4x-switch", "l40s-4x-switch"]
     assert F.plan(nodes=3, profiles=["h100-sxm-8x"]) == [(f"node{i}", "h100-sxm-8x") for i in (1, 2, 3)]
     with pytest.raises(LabError, match="unknown profile.*no-such"):
         F.plan(profiles=["no-such"])

@@ -76,8 +76,9 @@ TIERS = ("unit", "integration", "lab", "fleet", "vllm_parser")
 
 
 #: Under pytest-xdist (`--dist loadgroup`, as scripts/test.sh runs it) each group runs on one
-#: worker: the session lab's users share one lab, and the localhost role runs (which write the
-#: same paths on this machine) never run beside each other.
+#: worker: the session lab's users share one lab, a module that boots a lab of its own (marked
+#: `needs_lab`) boots it once, and the localhost role runs (which write the same paths on this
+#: machine) never run beside each other.
 XDIST_GROUPS = {"needs_lab": "session-lab", "integration": "localhost"}
 
 
@@ -96,7 +97,12 @@ def pytest_collection_modifyitems(config, items):
         uses_lab = "session_lab" in getattr(item, "fixturenames", ())
         if uses_lab:
             item.add_marker(pytest.mark.needs_lab)
-        group = XDIST_GROUPS["needs_lab"] if uses_lab else XDIST_GROUPS.get(tier)
+        if uses_lab:
+            group = XDIST_GROUPS["needs_lab"]
+        elif item.get_closest_marker("needs_lab"):  # a lab of the module's own: one worker boots it
+            group = f"lab-{Path(str(item.fspath)).stem}"
+        else:
+            group = XDIST_GROUPS.get(tier)
         if group and not any(item.iter_markers("xdist_group")):
             item.add_marker(pytest.mark.xdist_group(group))
 

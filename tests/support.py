@@ -364,8 +364,9 @@ class SessionLab:
     ``.lab-state/pytest-<pid>`` (never the default ``.lab-state`` nor ``inventories/lab/hosts.yml``);
     each group of tests gets an inventory of its own nodes (``inventory(nodes, name)``)."""
 
-    def __init__(self, state, fleet_profiles=None):
+    def __init__(self, state, fleet_profiles=None, export_vault=True):
         self.state = Path(state)
+        self.export_vault = export_vault  # the session's lab: every ansible run of the process gets its password
         self.fleet_profiles = list(fleet_profiles or FLEET_PROFILES)
         self.profiles = self.fleet_profiles + [SPARE_PROFILE]
         self.fleet_nodes = [f"node{i + 1}" for i in range(len(self.fleet_profiles))]
@@ -397,7 +398,8 @@ class SessionLab:
         LAB_TIMINGS.append((f"lab up --profiles {','.join(self.profiles)}", self.up_seconds, 0))
         # The inventory's secrets are vaulted (lab/fleet.py): every ansible run of this process
         # (ansible_environment(), the fleet's runs, testinfra) gets the lab's vault password.
-        os.environ["ANSIBLE_VAULT_PASSWORD_FILE"] = str(self.vault_password_file)
+        if self.export_vault:
+            os.environ["ANSIBLE_VAULT_PASSWORD_FILE"] = str(self.vault_password_file)
 
     def down(self):
         """Down on the first try (issue: a cgroup not yet empty), then the state directory goes."""

@@ -83,7 +83,8 @@ class HealthLab(support.SessionLab):
     """A lab of node1 and node3 (h100-sxm-8x) and node2 (l40s-4x-switch) only: no spare node."""
 
     def __init__(self, state):
-        super().__init__(state, ["h100-sxm-8x", "l40s-4x-switch", "h100-sxm-8x"])
+        # its playbook runs name its own vault password; the session lab's stays the process's
+        super().__init__(state, ["h100-sxm-8x", "l40s-4x-switch", "h100-sxm-8x"], export_vault=False)
         self.profiles = list(self.fleet_profiles)
         self.spare = None
         self.inv = None

@@ -1,59 +1,63 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The NCCL gate judged against its peers (issue 19) on a fleet of thirteen lab machines: eight
-8x H100 SXM, one of them with one NVLink down (at once, no reboot, as `lab fault NODE nvlink-down`
-does it), and five 4x L40S on two Gen4 switches, one of them slow (the stand-in's `slow` fault,
+"""The NCCL gate judged against its peers (issue 19) on a lab fleet of thirteen booted nodes: eight
+8x H100 SXM, one of them with one NVLink link down (`lab fault node8 nvlink-down --gpu 3`: at once,
+no reboot), and five 4x L40S on two Gen4 switches, one of them slow (the stand-in's `slow` fault,
 x0.93, through the gate's environment). Three peers make a baseline here (five in production): a
-faulty node's own figure is an outlier its peers' baselines drop.
+faulty node's own first figure is an outlier its peers' baselines drop.
 
-The machines are lab.hwmodel machines (the lab's sysfs trees, nvidia-smi and all_reduce_perf
-stand-ins) reached with `ansible_connection=local`, as tests/integration/test_nccl_gate.py does:
-booting thirteen lab nodes (systemd, sshd) would cost minutes and test nothing more of the gate.
-One ansible-playbook run of tests/fleet/playbooks/gate_baseline.yml (topology facts, ACS cleared,
-the gate role and its baseline update, twice): the first measurement finds the store empty, so the
-physics floor decides alone and every node passes, the two faulty ones included; the second is
-judged against the median of the healthy peers of the same design, and exactly the two faulty
-nodes fail, their verdicts naming the peer median. The figures are printed (pytest -s) for the
-README: the spread between runs and nodes, and every verdict.
+A lab of the module's own (state in .lab-state/pytest-<pid>-baseline), reached over SSH as any
+fleet. One ansible-playbook run of tests/fleet/playbooks/gate_baseline_lab.yml (topology facts,
+ACS cleared, the gate role and its baseline update, twice): the first measurement finds the store
+empty, so the physics floor decides alone and every node passes, the two faulty ones included; the
+second is judged against the median of the healthy peers of the same design, and exactly the two
+faulty nodes fail, their verdicts naming the peer median. The figures are printed (pytest -s) for
+the README: the spread between runs and nodes, and every verdict.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
-import lab.hwmodel as hw
 from tests import support
 
 REPO = Path(__file__).resolve().parents[2]
-PLAYBOOK = Path(__file__).resolve().parent / "playbooks" / "gate_baseline.yml"
+PLAYBOOK = Path(__file__).resolve().parent / "playbooks" / "gate_baseline_lab.yml"
 H100, PCIE = [f"node{i}" for i in range(1, 9)], [f"node{i}" for i in range(9, 14)]
 NVLINK_DOWN, SLOW = "node8", "node13"
 
-pytestmark = pytest.mark.skipif(not shutil.which("setpci"), reason="pciutils is not installed")
+pytestmark = [pytest.mark.slow, pytest.mark.needs_lab]
 
 
-def build_fleet(tmp_path):
-    """Thirteen lab machines and an inventory of them; the two faults in place."""
-    lines = ["[lab]"]
-    for name in H100 + PCIE:
-        machine = hw.build("h100-sxm-8x" if name in H100 else "l40s-4x-switch", tmp_path / name / "hw")
-        extra = ""
-        if name == NVLINK_DOWN:
-            assert machine.inject("nvlink-down", gpu=3) == "NVLink 0 of GPU 3 inactive"
-        if name == SLOW:
-            extra = ' nccl_gate_environment=\'{"GPUFLEET_LAB_ALLREDUCE_FAULT": "slow"}\''
-        lines.append(
-            f"{name} ansible_connection=local ansible_python_interpreter={sys.executable} "
-            f"lab_root={machine.root} state_dir={tmp_path / name / 'state'}{extra}"
-        )
-    inventory = tmp_path / "hosts.ini"
-    inventory.write_text("\n".join(lines) + "\n")
-    return inventory
+class BaselineLab(support.SessionLab):
+    """Thirteen nodes, no spare; its playbook run names its own vault password."""
+
+    def __init__(self, state):
+        profiles = ["h100-sxm-8x" if n in H100 else "l40s-4x-switch" for n in H100 + PCIE]
+        super().__init__(state, profiles, export_vault=False)
+        self.profiles = list(self.fleet_profiles)
+        self.spare = None
+
+
+@pytest.fixture(scope="module")
+def baseline_lab():
+    missing = support.lab_prerequisites()
+    if missing:
+        pytest.skip(f"lab prerequisites: {missing}")
+    lab = BaselineLab(REPO / ".lab-state" / f"pytest-{os.getpid()}-baseline")
+    try:
+        lab.up()
+        from lab import faults
+        from lab.fleet import Fleet
+
+        assert faults.inject(Fleet(lab.state), NVLINK_DOWN, "nvlink-down", None, 3, log=lambda *_: None)
+        yield lab
+    finally:
+        lab.down()
 
 
 def gate_results(run):
@@ -72,18 +76,22 @@ def spread(values):
     return (max(values) - min(values)) / statistics.median(values)
 
 
-def test_peers_catch_what_the_physics_floor_lets_through(tmp_path, ansible_env):
-    inventory = build_fleet(tmp_path)
+def test_peers_catch_what_the_physics_floor_lets_through(tmp_path, baseline_lab):
+    lab = baseline_lab
     store = tmp_path / "baselines"
+    env = support.ansible_environment(
+        ANSIBLE_FORKS=len(H100 + PCIE), ANSIBLE_VAULT_PASSWORD_FILE=lab.vault_password_file
+    )
+    env.pop("ANSIBLE_INVENTORY", None)
     run = support.run_playbook(
         PLAYBOOK,
-        inventory=inventory,
-        extra_vars={"repo": str(REPO), "nccl_gate_baseline_dir": str(store), "nccl_gate_baseline_min_samples": 3},
-        env=ansible_env,
+        inventory=lab.inventory(H100 + PCIE, "baseline"),
+        extra_vars={"nccl_gate_baseline_dir": str(store), "nccl_gate_baseline_min_samples": 3, "slow_node": SLOW},
+        env=env,
         json_callback=True,
         timeout=900,
     )
-    support.LAB_TIMINGS.append(("gate_baseline.yml: 2 gate plays on 13 lab machines", run.seconds, run.rc))
+    support.LAB_TIMINGS.append(("gate_baseline_lab.yml: 2 gate plays on 13 lab nodes", run.seconds, run.rc))
     assert run.rc == 2, run.explain()
     first, second = gate_results(run)
     assert set(first) == set(second) == set(H100 + PCIE), run.explain()
@@ -113,7 +121,7 @@ def test_peers_catch_what_the_physics_floor_lets_through(tmp_path, ansible_env):
             f"{base['median_gbps']:.1f} GB/s of {peers} healthy nodes of design {key}"
         ) in res["reason"]
         assert res["judged_busbw_gbps"] > res["physics_floor_gbps"], res  # the physics floor alone: passed
-    marker = json.loads((tmp_path / NVLINK_DOWN / "state/run/gpufleet/nccl-gate.json").read_text())
+    marker = json.loads(lab.ssh(NVLINK_DOWN, "cat /run/gpufleet/nccl-gate.json"))
     assert marker["passed"] is False and marker["rule"] == "peer_median" and marker["design_key"] == h100_key
 
     # 3. The store: every node's latest healthy figure; the faulty ones only from the first
@@ -127,7 +135,7 @@ def test_peers_catch_what_the_physics_floor_lets_through(tmp_path, ansible_env):
             assert by_host[host]["gbps"] == pytest.approx(measured[host]["judged_busbw_gbps"], abs=0.001)
 
     # The figures behind the README's default fraction (pytest -s shows them).
-    lines = [f"\nplaybook: {run.seconds:.1f} s for 2 gate plays on 13 lab machines"]
+    lines = [f"\nplaybook: {run.seconds:.1f} s for 2 gate plays on 13 lab nodes"]
     for label, hosts, faulty in (("8x H100", H100, NVLINK_DOWN), ("4x L40S", PCIE, SLOW)):
         healthy = [h for h in hosts if h != faulty]
         runs = [abs(first[h]["judged_busbw_gbps"] / second[h]["judged_busbw_gbps"] - 1) for h in healthy]

@@ -56,6 +56,7 @@ VAULT_PASSWORD = "vault-password"
 SECRETS = "secrets.json"
 VAULT_VARS = Path("group_vars") / "gpu_nodes" / "vault.yml"
 MADE += (VAULT_PASSWORD, SECRETS, "group_vars")
+MADE += ("models",)  # the tiny GGUF model the heterogeneous node serves (lab/llamacpp.py)
 
 
 def _describe_pids(pids, limit=8):

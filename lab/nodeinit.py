@@ -120,8 +120,14 @@ def assemble(cfg):
         if os.path.isdir(path) and os.listdir(path) and not (os.path.isdir(root + path) and os.listdir(root + path)):
             os.makedirs(root + path, exist_ok=True)
             bind(path, root + path, readonly=True)
+    hidden = []
     for path in cfg.get("hide_paths", ()):  # the controller's checkout and venv: not on a real node
+        if any(path.startswith(h + "/") for h in hidden):
+            continue  # under one hidden already
+        if cfg["lab_package"].startswith(path + "/"):  # hidden even where the root has no such path
+            os.makedirs(root + path, exist_ok=True)  # (a checkout under /tmp: the node's /tmp is its own)
         if os.path.isdir(root + path) and not os.path.ismount(root + path):
+            hidden.append(path)
             mount("tmpfs", "tmpfs", root + path, "mode=755,size=64k,nosuid,nodev")
             if cfg["lab_package"].startswith(path + "/"):  # its mount point, bound below
                 os.makedirs(root + cfg["lab_package"])
@@ -130,13 +136,8 @@ def assemble(cfg):
                     os.makedirs(os.path.dirname(root + item), exist_ok=True)
                     open(root + item, "a").close()
             run("mount", "-o", "remount,ro", root + path)
-    # Mount points where the node's root has none (a checkout under /tmp: the node's /tmp is its own).
-    os.makedirs(root + cfg["lab_package"], exist_ok=True)
     bind(cfg["lab_package"], root + cfg["lab_package"], readonly=True)
     for item in cfg.get("lab_files", ()):
-        if not os.path.exists(root + item):
-            os.makedirs(os.path.dirname(root + item), exist_ok=True)
-            open(root + item, "a").close()
         bind(item, root + item, readonly=True)
 
 

@@ -11,10 +11,8 @@ Tiers (each a directory; run one with `pytest tests/<tier>`):
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -75,14 +73,7 @@ def session_lab():
 TIERS = ("unit", "integration", "lab", "fleet", "vllm_parser")
 
 
-#: Under pytest-xdist (`--dist loadgroup`, as scripts/test.sh runs it) each group runs on one
-#: worker: the session lab's users share one lab, a module that boots a lab of its own (marked
-#: `needs_lab`) boots it once, and the localhost role runs (which write the same paths on this
-#: machine) never run beside each other.
-XDIST_GROUPS = {"needs_lab": "session-lab", "integration": "localhost"}
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the markers added here
 def pytest_collection_modifyitems(config, items):
     """Each test carries its tier's marker (its directory under tests/), and `needs_lab` when it
     uses the session's lab: `pytest -m "not needs_lab"` runs everything that boots no lab."""
@@ -94,38 +85,14 @@ def pytest_collection_modifyitems(config, items):
             continue
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
-        uses_lab = "session_lab" in getattr(item, "fixturenames", ())
-        if uses_lab:
+        if "session_lab" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.needs_lab)
-        if uses_lab:
-            group = XDIST_GROUPS["needs_lab"]
-        elif item.get_closest_marker("needs_lab"):  # a lab of the module's own: one worker boots it
-            group = f"lab-{Path(str(item.fspath)).stem}"
-        else:
-            group = XDIST_GROUPS.get(tier)
-        if group and not any(item.iter_markers("xdist_group")):
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
-def pytest_configure(config):
-    """The controller names the file the xdist workers record lab timings in (support._Timings)."""
-    if not hasattr(config, "workerinput") and config.pluginmanager.hasplugin("xdist"):
-        if getattr(config.option, "numprocesses", None):
-            fd, path = tempfile.mkstemp(prefix="gpufleet-lab-timings-", suffix=".jsonl")
-            os.close(fd)
-            os.environ["GPUFLEET_LAB_TIMINGS"] = path
-            config._gpufleet_timings = path
 
 
 def pytest_terminal_summary(terminalreporter):
     from tests import support
 
-    timings = list(support.LAB_TIMINGS)
-    path = getattr(terminalreporter.config, "_gpufleet_timings", None)
-    if path:
-        with open(path, encoding="utf-8") as f:
-            timings = [tuple(json.loads(line)) for line in f if line.strip()]
-        os.unlink(path)
+    timings = support.LAB_TIMINGS
     if timings:
         terminalreporter.section("lab: boots and ansible-playbook wall times")
         for label, seconds, rc in timings:

@@ -338,20 +338,35 @@ FLEET_PROFILES = [
 SPARE_PROFILE = "l40s-4x-switch"
 
 
-class _Timings(list):
-    """(label, seconds, rc) of lab boots and fleet playbook runs, for the run's summary. Under
-    pytest-xdist each worker also appends them to the file that the controller names in
-    GPUFLEET_LAB_TIMINGS (tests/conftest.py), since the summary is printed by the controller."""
+def gpu_memory_sizes(profile):
+    """The distinct GPU memory sizes (MiB) of a lab profile, from the hardware model."""
+    import lab.hwmodel as hw
 
-    def append(self, entry):
-        super().append(entry)
-        path = os.environ.get("GPUFLEET_LAB_TIMINGS")
-        if path:
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(list(entry)) + "\n")
+    models = []
+
+    def walk(node):
+        if node.get("kind") == "gpu":
+            models.append(node["model"])
+        for child in node.get("children", []) + ([node["child"]] if node.get("child") else []):
+            walk(child)
+
+    for bridge in hw.PROFILES[profile]["host_bridges"]:
+        for port in bridge["root_ports"]:
+            walk(port)
+    return {hw.profiles.GPU_MODELS[m]["memory_total_mib"] for m in models}
 
 
-LAB_TIMINGS = _Timings()
+#: The fleet's nodes that `gpufleet_serving_backend: auto` must serve with llama.cpp: GPUs of
+#: different sizes (the lab's own reading of the rule, not the collection's code).
+FLEET_LLAMACPP_NODES = [f"node{i + 1}" for i, p in enumerate(FLEET_PROFILES) if len(gpu_memory_sizes(p)) > 1]
+
+
+def server_unit(node):
+    """The serving unit a converged fleet node runs."""
+    return "llama-server.service" if node in FLEET_LLAMACPP_NODES else "vllm.service"
+
+
+LAB_TIMINGS: list = []  # (label, seconds, rc) of lab boots and fleet playbook runs, for the run's summary
 
 
 class SessionLab:

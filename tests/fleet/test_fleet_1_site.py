@@ -81,7 +81,7 @@ def test_vaulted_secrets_reach_vllm_and_stay_out_of_the_boot_validation_inventor
     key, token = fleet.session.secrets["vllm_server_api_key"], fleet.session.secrets["vllm_server_hf_token"]
     vault = (fleet.session.state / "group_vars" / "gpu_nodes" / "vault.yml").read_text()
     assert "vllm_server_api_key: !vault |" in vault and key not in vault and token not in vault
-    for node in fleet.healthy:
+    for node in [n for n in fleet.healthy if support.server_unit(n) == "vllm.service"]:
         host = fleet.host(node)
         env = host.file("/etc/vllm/secrets.env")
         assert env.mode == 0o600, oct(env.mode)

@@ -55,9 +55,11 @@ def test_env_file_and_the_services_that_read_it(converged, node, registered):
         assert dropin.exists and dropin.mode == 0o644
         assert f"EnvironmentFile=-{ENV_FILE}" in dropin.content_string
     if registered:
-        # the running server got exactly the file's variables
-        pid = converged.sh(node, "systemctl show -p MainPID --value vllm.service").strip()
-        assert pid not in ("", "0"), "vllm.service is not running"
+        # the running server (vLLM, or llama.cpp's on a node of GPUs of different sizes) got
+        # exactly the file's variables
+        unit = support.server_unit(node)
+        pid = converged.sh(node, f"systemctl show -p MainPID --value {unit}").strip()
+        assert pid not in ("", "0"), f"{unit} is not running"
         proc_env = _env(converged.sh(node, f"tr '\\0' '\\n' < /proc/{pid}/environ"))
         for key, value in env.items():
             assert proc_env.get(key) == value, (key, value, proc_env.get(key))
@@ -74,7 +76,8 @@ def test_units_enabled(converged, node, registered):
     # boot validation on every node; it starts vLLM at boot, so vLLM itself is not enabled
     assert host.service("gpufleet-validate.service").is_enabled
     agent = host.service("gpufleet-lb-agent.socket")
-    vllm = host.service("vllm.service")
+    server = support.server_unit(node)
+    vllm = host.service(server)
     # the agent comes with registration, which a node that failed its gate never reached
     assert (
         agent.is_enabled and agent.is_running
@@ -83,7 +86,7 @@ def test_units_enabled(converged, node, registered):
     )
     if registered:
         assert vllm.is_running and not vllm.is_enabled
-        assert host.file("/etc/systemd/system/vllm.service").mode == 0o644
+        assert host.file(f"/etc/systemd/system/{server}").mode == 0o644
     else:
         # the gate stopped the node before the serving role: no server was installed
         assert not host.file("/etc/systemd/system/vllm.service").exists
@@ -167,6 +170,14 @@ def test_agent_tells_the_balancer_only(converged):
 @pytest.mark.parametrize("node,registered", NODES)
 def test_config_files_and_modes(converged, node, registered):
     host = converged.host(node)
+    if registered and support.server_unit(node) == "llama-server.service":
+        args = host.file("/etc/llamacpp/llama-server.env")
+        assert args.user == "root" and args.mode == 0o644, oct(args.mode)
+        assert re.search(r"^LLAMACPP_SERVER_ARGS=\".*--n-gpu-layers \d+ .*--tensor-split ", args.content_string, re.M)
+        unit = host.file("/etc/systemd/system/llama-server.service").content_string
+        assert "EnvironmentFile=/etc/llamacpp/llama-server.env" in unit and "$LLAMACPP_SERVER_ARGS" in unit
+        assert not host.file("/etc/vllm/config.yaml").exists, "no vLLM config on a node llama.cpp serves"
+        return
     config, secrets = host.file("/etc/vllm/config.yaml"), host.file("/etc/vllm/secrets.env")
     if not registered:
         assert not config.exists and not secrets.exists, "nothing of vLLM on a node that failed its gate"

@@ -18,7 +18,6 @@ import urllib.request
 
 import pytest
 
-import lab.hwmodel as hw
 from tests import support
 
 pytestmark = pytest.mark.slow
@@ -26,23 +25,8 @@ pytestmark = pytest.mark.slow
 PROFILES = support.FLEET_PROFILES
 
 
-def _sizes(profile):
-    ports = [rp for hb in hw.PROFILES[profile]["host_bridges"] for rp in hb["root_ports"]]
-    models = []
-
-    def walk(node):
-        if node.get("kind") == "gpu":
-            models.append(node["model"])
-        for child in node.get("children", []) + ([node["child"]] if node.get("child") else []):
-            walk(child)
-
-    for rp in ports:
-        walk(rp)
-    return {hw.profiles.GPU_MODELS[m]["memory_total_mib"] for m in models}
-
-
-HETERO = [f"node{i + 1}" for i, p in enumerate(PROFILES) if len(_sizes(p)) > 1]
-UNIFORM = [f"node{i + 1}" for i, p in enumerate(PROFILES) if len(_sizes(p)) == 1]
+HETERO = support.FLEET_LLAMACPP_NODES
+UNIFORM = [f"node{i + 1}" for i in range(len(PROFILES)) if f"node{i + 1}" not in HETERO]
 
 
 @pytest.fixture(params=HETERO or [None], ids=lambda n: n or "none")

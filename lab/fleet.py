@@ -56,6 +56,10 @@ VAULT_PASSWORD = "vault-password"
 SECRETS = "secrets.json"
 VAULT_VARS = Path("group_vars") / "gpu_nodes" / "vault.yml"
 MADE += (VAULT_PASSWORD, SECRETS, "group_vars")
+#: The model every serving node of the lab serves, under one name: one HAProxy pool, one model
+#: (the heterogeneous node serves the lab's tiny GGUF model under it, as a real one would serve a
+#: GGUF quantization of the same model).
+LAB_MODEL = "Llama-3.3-70B-Instruct-FP8"
 MADE += ("models",)  # the tiny GGUF model the heterogeneous node serves (lab/llamacpp.py)
 
 
@@ -485,7 +489,7 @@ class Fleet:
                             # vLLM: the lab's stand-in, run natively (no Docker engine in the lab).
                             "vllm_server_runtime": "native",
                             "vllm_server_vllm_bin": "/usr/local/bin/vllm",
-                            "vllm_server_model": "Llama-3.3-70B-Instruct-FP8",
+                            "vllm_server_model": LAB_MODEL,
                             "vllm_server_health_delay": 1,
                             # Boot validation: the node sees neither this checkout nor the controller's
                             # venv; site.yml installs its runtime from the wheelhouse scripts/setup.sh made.
@@ -496,7 +500,7 @@ class Fleet:
                             "lb_registration_backend": b["backend"],
                             "lb_registration_config_file": b["config"],
                             # llama.cpp (nodes that auto picks it for): the real llama-server, tiny model
-                            **llamacpp.inventory_vars(self.state),
+                            **llamacpp.inventory_vars(self.state, LAB_MODEL),
                         },
                     },
                     "balancer": {

@@ -44,11 +44,14 @@ def tiny_model(state):
     return path, hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def inventory_vars(state):
+def inventory_vars(state, served_model_name):
     """Group variables of the lab's GPU nodes for the llama.cpp backend (used only where a node
-    serves with llama.cpp: `gpufleet_serving_backend` auto on a heterogeneous profile)."""
+    serves with llama.cpp: `gpufleet_serving_backend` auto on a heterogeneous profile). The tiny
+    model is served under the pool's model name: every server of one HAProxy backend must answer
+    for the same model, or a client is sent to a server that does not know it."""
     model, sha256 = tiny_model(state)
     return {
+        "llamacpp_server_served_model_name": served_model_name,
         "llamacpp_server_binary_src": str(llama_server_binary()),
         "llamacpp_server_model_src": str(model),
         "llamacpp_server_model_sha256": sha256,

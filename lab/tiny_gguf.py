@@ -5,7 +5,7 @@ Written with the ``gguf`` package (PyPI): 4 layers, 64-wide, 4 heads (2 KV heads
 weights from a fixed seed (so the file and its sha256 are the same on every machine), and a real
 SentencePiece-style vocabulary small enough to write: the special tokens, the 256 byte-fallback
 tokens ``<0x00>``..``<0xFF>`` llama.cpp's SPM tokenizer needs, printable ASCII and a few hundred
-common English word pieces (``▁the``, ...). Its completions are gibberish; what the lab and the
+common English word pieces (``▁the``, ...), padded with plain pieces to 32768 tokens. Its completions are gibberish; what the lab and the
 tests check is that the server loads the file, plans its layers, answers ``/health``, streams
 through the OpenAI API and counts its tokens in ``/metrics``.
 
@@ -48,6 +48,10 @@ _WORDS = (
 ).split()
 
 
+#: Tokens of the vocabulary: the words above, padded (see vocabulary()).
+VOCAB_SIZE = 32768
+
+
 def vocabulary():
     """(tokens, scores, token types) of the SentencePiece-style vocabulary."""
     import gguf
@@ -62,6 +66,13 @@ def vocabulary():
     for rank, piece in enumerate(dict.fromkeys(pieces)):
         tokens.append(piece)
         scores.append(-float(rank))
+        types.append(T.NORMAL)
+    # Padded to VOCAB_SIZE with plain pieces: the lab serves this model under the pool's model name
+    # (one HAProxy backend, one model), so it must take the token ids a client of a real model's
+    # vocabulary sends (vllm_load_test's prompts are ids 1000-30000).
+    for index in range(VOCAB_SIZE - len(tokens)):
+        tokens.append("\u2581t%d" % index)
+        scores.append(-float(len(pieces) + index))
         types.append(T.NORMAL)
     return tokens, scores, types
 

@@ -18,6 +18,7 @@ import urllib.request
 
 import pytest
 
+from lab.fleet import LAB_MODEL
 from tests import support
 
 pytestmark = pytest.mark.slow
@@ -70,14 +71,15 @@ def test_heterogeneous_node_serves_with_llamacpp_behind_haproxy(converged, heter
     # /health, the OpenAI API and /metrics on the node
     assert '"ok"' in converged.sh(node, "curl -sf http://127.0.0.1:8000/health")
     models = json.loads(converged.sh(node, "curl -sf http://127.0.0.1:8000/v1/models"))
-    assert [m["id"] for m in models["data"]] == ["gpufleet-tiny"]
+    # the pool's model name: every server of the backend answers for the same model
+    assert [m["id"] for m in models["data"]] == [LAB_MODEL]
 
     # registered: HAProxy has it running and ready, and streamed completions through HAProxy's frontend reach it
     # (round robin over the pool: of 2 x (servers running) requests, those that reach this node stream)
     pool = converged.wait_pool(lambda p: p.get(node, {}).get("op_state") == "running")
     assert (pool[node]["op_state"], pool[node]["state"]) == ("running", "ready"), pool
     frontend = converged.status()["balancer"]["frontend"]
-    body = json.dumps({"model": "gpufleet-tiny", "prompt": "hello the world", "max_tokens": 4, "stream": True})
+    body = json.dumps({"model": LAB_MODEL, "prompt": "hello the world", "max_tokens": 4, "stream": True})
     streamed = 0
     for _ in range(2 * sum(1 for s in pool.values() if s.get("op_state") == "running")):
         req = urllib.request.Request(
@@ -86,9 +88,10 @@ def test_heterogeneous_node_serves_with_llamacpp_behind_haproxy(converged, heter
         try:
             with urllib.request.urlopen(req, timeout=60) as resp:
                 events = [ln[6:] for ln in resp.read().decode().splitlines() if ln.startswith("data: ")]
-        except urllib.error.HTTPError:  # a vLLM node of the pool, which does not serve this model
+        except urllib.error.HTTPError as err:  # a vLLM node of the pool: its /v1 asks for the API key
+            assert err.code == 401, err
             continue
-        if events and events[-1] == "[DONE]" and "gpufleet-tiny" in events[0]:
+        if events and events[-1] == "[DONE]" and json.loads(events[0])["model"] == LAB_MODEL:
             streamed += 1
     assert streamed >= 1
     metrics = converged.sh(node, "curl -sf http://127.0.0.1:8000/metrics")

@@ -10,6 +10,8 @@ inventory; a secret is never written, only an expression that reads it on the no
 
 from __future__ import annotations
 
+import base64
+import fnmatch
 import hashlib
 import json
 import os
@@ -135,11 +137,22 @@ def boot_validation_env_file_value(path, key):
     return value
 
 
-def boot_validation_collection_digest(tarball):
-    """A digest of what a node's run uses in a built collection (``ansible-galaxy collection
-    build``): its name and version, and the checksums its FILES.json lists for the runtime files (
-    meta/, plugins/, playbooks/, roles/), so that it changes with their content whether or not the
-    version was bumped, and not with the tarball's timestamps or the checkout's caches."""
+def _collection_digest(namespace, name, version, files):
+    """THE digest of a collection as a node's run uses it: its name and version, and the sha256 of
+    each runtime file (meta/, plugins/, playbooks/, roles/; ``files`` is ``[(path, sha256)]``), so
+    that it changes with their content whether or not the version was bumped, and not with the
+    tarball's timestamps, the checkout's caches, its tests or its docs. Both readers below feed it."""
+    digest = hashlib.sha256()
+    digest.update(("%s.%s %s\n" % (namespace, name, version)).encode())
+    for path, chksum in sorted(files):
+        if path.startswith(_RUNTIME_TOP) and "/__pycache__/" not in "/" + path:
+            digest.update(("%s %s\n" % (path, chksum)).encode())
+    return digest.hexdigest()
+
+
+def _tarball_digest(tarball):
+    """The digest of a built collection (``ansible-galaxy collection build``): its MANIFEST.json
+    and the checksums its FILES.json lists."""
     try:
         with tarfile.open(str(tarball), "r:gz") as tar:
             files = json.load(tar.extractfile("FILES.json"))
@@ -148,14 +161,155 @@ def boot_validation_collection_digest(tarball):
         raise AnsibleFilterError(
             "boot_validation_collection_digest: %s is not a built collection: %s" % (tarball, exc)
         ) from exc
-    digest = hashlib.sha256()
     info = manifest.get("collection_info", {})
-    digest.update(("%s.%s %s\n" % (info.get("namespace"), info.get("name"), info.get("version"))).encode())
-    for entry in sorted(files.get("files", []), key=lambda e: e["name"]):
-        name = entry["name"]
-        if entry.get("ftype") == "file" and name.startswith(_RUNTIME_TOP) and "/__pycache__/" not in "/" + name:
-            digest.update(("%s %s\n" % (name, entry.get("chksum_sha256"))).encode())
+    entries = [(e["name"], e.get("chksum_sha256")) for e in files.get("files", []) if e.get("ftype") == "file"]
+    return _collection_digest(info.get("namespace"), info.get("name"), info.get("version"), entries)
+
+
+# What `ansible-galaxy collection build` leaves out whatever galaxy.yml says
+# (ansible.galaxy.collection._build_files_manifest_walk): patterns matched against the path relative
+# to the collection's root, and directory names skipped anywhere.
+_GALAXY_IGNORE = (
+    "MANIFEST.json",
+    "FILES.json",
+    "galaxy.yml",
+    "galaxy.yaml",
+    ".git",
+    "*.pyc",
+    "*.retry",
+    "tests/output",
+)
+_GALAXY_IGNORE_DIRS = frozenset(("CVS", ".bzr", ".hg", ".git", ".svn", "__pycache__", ".tox"))
+
+
+def _sha256_file(path):
+    if not os.path.exists(path) or os.path.isdir(path):
+        return None  # a dangling link: galaxy lists it without a checksum
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 16), b""):
+            digest.update(block)
     return digest.hexdigest()
+
+
+def _tree_digest(src):
+    """The digest of the collection ``ansible-galaxy collection build`` would make of the source
+    tree ``src`` (with its galaxy.yml), without building it: the runtime files it would ship, with
+    galaxy.yml's build_ignore and galaxy's own exclusions honoured (symlinked directories are not
+    followed, as galaxy does not list their files)."""
+    import yaml  # ansible-core depends on it
+
+    src = str(src)
+    try:
+        with open(os.path.join(src, "galaxy.yml"), encoding="utf-8") as f:
+            meta = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as exc:
+        raise AnsibleFilterError(
+            "boot_validation_collection_digest: %s is not a collection source tree (no readable galaxy.yml: %s); "
+            "set boot_validation_collection_src to one, or boot_validation_collection_tarball to a built collection"
+            % (src, exc)
+        ) from exc
+    if not isinstance(meta, Mapping) or not all(meta.get(k) for k in ("namespace", "name", "version")):
+        raise AnsibleFilterError(
+            "boot_validation_collection_digest: %s/galaxy.yml has no namespace, name and version" % src
+        )
+    if meta.get("manifest") is not None:
+        raise AnsibleFilterError(
+            "boot_validation_collection_digest: %s/galaxy.yml uses manifest, which the digest does not follow: "
+            "build the collection and set boot_validation_collection_tarball" % src
+        )
+    ignore = _GALAXY_IGNORE + ("%s-%s-*.tar.gz" % (meta["namespace"], meta["name"]),)
+    ignore += tuple(str(p) for p in meta.get("build_ignore") or ())
+
+    def ignored(rel):
+        return any(fnmatch.fnmatch(rel, pattern) for pattern in ignore)
+
+    files = []
+
+    def walk(rel_dir):
+        for item in os.listdir(os.path.join(src, rel_dir)):
+            rel = os.path.join(rel_dir, item)
+            path = os.path.join(src, rel)
+            if os.path.isdir(path):
+                if item in _GALAXY_IGNORE_DIRS or ignored(rel) or os.path.islink(path):
+                    continue
+                walk(rel)
+            elif not ignored(rel):
+                files.append((rel, _sha256_file(path)))
+
+    for top in _RUNTIME_TOP:
+        top = top.rstrip("/")
+        path = os.path.join(src, top)
+        if os.path.isdir(path) and not (top in _GALAXY_IGNORE_DIRS or ignored(top) or os.path.islink(path)):
+            walk(top)
+    return _collection_digest(meta["namespace"], meta["name"], meta["version"], files)
+
+
+def boot_validation_collection_digest(path):
+    """The collection digest (see _collection_digest) of a built collection tarball, or of a source
+    tree as ``ansible-galaxy collection build`` would ship it: the same value for a tree and its
+    build, so the controller compares without building."""
+    return _tree_digest(path) if os.path.isdir(str(path)) else _tarball_digest(path)
+
+
+def _wheelhouse_listing(wheelhouse, requirements):
+    """The wheelhouse's files (relative path and size: a wheel's name carries its version)."""
+    if not os.path.isdir(wheelhouse):
+        raise AnsibleFilterError(
+            "boot_validation_wheelhouse %s is not a directory on the controller. Build it with "
+            "`pip download --only-binary=:all: -d %s -r %s` (scripts/setup.sh does it for the lab), or set "
+            "boot_validation_wheelhouse to '' to install from the nodes' package index."
+            % (wheelhouse, wheelhouse, requirements)
+        )
+    out = []
+    for root, dirs, names in os.walk(wheelhouse):
+        dirs.sort()
+        for name in sorted(names):
+            path = os.path.join(root, name)
+            out.append("%s %d\n" % (os.path.relpath(path, wheelhouse), os.path.getsize(path)))
+    return "".join(out)
+
+
+def boot_validation_runtime(requirements, wheelhouse="", collection=""):
+    """``{part: digest}`` of the runtime role boot_validation installs on a node, computed on the
+    controller without building anything; the node records exactly this after installing, and the
+    role installs a part only where the node's record differs.
+
+    ``venv``: the requirements file's content and the wheelhouse's listing (``wheelhouse`` '':
+    the nodes' package index); only when ``requirements`` is given (the role installs the venv).
+    ``collection``: boot_validation_collection_digest of ``collection`` (a source tree or a built
+    tarball); only when given (the role installs the collection)."""
+    out = {}
+    if requirements:
+        requirements = str(requirements)
+        try:
+            with open(requirements, "rb") as f:
+                reqs = hashlib.sha256(f.read()).hexdigest()
+        except OSError as exc:
+            raise AnsibleFilterError(
+                "boot_validation_runtime: cannot read boot_validation_requirements %s: %s"
+                % (requirements, exc.strerror)
+            ) from exc
+        wheels = _wheelhouse_listing(str(wheelhouse).rstrip("/") or "/", requirements) if wheelhouse else ""
+        out["venv"] = hashlib.sha256(
+            ("requirements %s\nwheelhouse %s\n%s" % (reqs, bool(wheelhouse), wheels)).encode()
+        ).hexdigest()
+    if collection:
+        out["collection"] = boot_validation_collection_digest(collection)
+    return out
+
+
+def boot_validation_stale(record, runtime):
+    """The parts of ``runtime`` (boot_validation_runtime) that the node's record differs from:
+    ``record`` is the base64 content of the node's record (slurp), '' or anything unreadable when
+    there is none. Sorted, e.g. ``["collection", "venv"]``."""
+    try:
+        node = json.loads(base64.b64decode(str(record or ""), validate=True).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        node = {}
+    if not isinstance(node, Mapping):
+        node = {}
+    return sorted(part for part, digest in runtime.items() if node.get(part) != digest)
 
 
 def boot_validation_declarations(roles_dir):
@@ -181,4 +335,6 @@ class FilterModule:
             "boot_validation_declarations": boot_validation_declarations,
             "boot_validation_env_file_value": boot_validation_env_file_value,
             "boot_validation_collection_digest": boot_validation_collection_digest,
+            "boot_validation_runtime": boot_validation_runtime,
+            "boot_validation_stale": boot_validation_stale,
         }

@@ -8,6 +8,7 @@ lab's fleet (tests/fleet/test_fleet_3_reboot.py)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import stat
 import subprocess
@@ -60,7 +61,7 @@ def test_installs_a_node_local_run_idempotently(ansible_env, tmp_path):
     bin_ = fake_ansible_playbook(tmp_path)
     rc, result = play(ansible_env, root, bin_, **NODE_VARS)
     assert rc == 0, result
-    assert result["stats"]["localhost"]["changed"] == 3  # directories, inventory + ansible.cfg, unit
+    assert result["stats"]["localhost"]["changed"] == 2  # directories; inventory, ansible.cfg and unit
 
     vdir = root / "etc/gpufleet/validate"
     assert stat.S_IMODE(vdir.stat().st_mode) == 0o700
@@ -134,6 +135,57 @@ def test_off_installs_nothing_and_removes_an_earlier_install(ansible_env, tmp_pa
     assert not (root / "etc/gpufleet/validate").exists()
     rc, result = play(ansible_env, root, bin_, gpufleet_boot_validation=False)
     assert rc == 0 and result["stats"]["localhost"]["changed"] == 0
+
+
+def _tasks(result):
+    """{task name: localhost's result} of the role's tasks, in order (skipped ones too)."""
+    return {
+        t["task"]["name"].split(" : ")[-1]: t["hosts"]["localhost"]
+        for p in result["plays"]
+        for t in p["tasks"]
+        if "localhost" in t["hosts"] and t["task"]["name"] != "Gathering Facts"
+    }
+
+
+def test_a_current_runtime_costs_one_read_and_a_stale_one_is_drift(ansible_env, tmp_path):
+    """The runtime the role installs (venv, collection): on a node whose record of it equals what
+    the controller would install, one read and no install (no build, no copy); a stale record is
+    drift in check mode (the copy and the record reported, nothing written). The install itself
+    (pip, ansible-galaxy) is the lab's: tests/fleet/test_fleet_3_reboot.py boots on it."""
+    from ansible_collections.gpufleet.node.plugins.filter.boot_validation import boot_validation_runtime
+    from tests.unit.test_boot_validation import _tarball
+
+    root = tmp_path / "root"
+    opt = root / "opt/gpufleet"
+    (opt / "venv").mkdir(parents=True)
+    tarball = _tarball(tmp_path / "gpufleet-node-0.1.0.tar.gz", {"roles/r/tasks/main.yml": "a"})
+    runtime = boot_validation_runtime(str(REPO / "roles/boot_validation/files/requirements-node.txt"), "", tarball)
+    record = opt / "venv/.gpufleet-runtime.json"
+    record.write_text(json.dumps(runtime, sort_keys=True) + "\n")
+    installed = {
+        "boot_validation_ansible_playbook": "",
+        "boot_validation_collections_path": "",
+        "boot_validation_runtime_dir": str(opt),
+        "boot_validation_venv": str(opt / "venv"),
+        "boot_validation_collection_tarball": tarball,
+    }
+    rc, result = play(ansible_env, root, "", **installed, **NODE_VARS)
+    assert rc == 0, result
+    tasks = _tasks(result)
+    assert len(tasks) <= 7, list(tasks)  # the argument spec, the read, the skipped include, files, unit
+    assert tasks["Read the record of the runtime the node has"].get("skipped") is not True
+    assert all(not name.startswith(("Build", "Copy", "Install ansible-core")) for name in tasks), list(tasks)
+    assert result["stats"]["localhost"]["changed"] == 2  # the node-local files, written the first time
+
+    # the controller's collection changed: the node's record is stale, check mode reports it
+    record.write_text(json.dumps(dict(runtime, collection="0" * 64), sort_keys=True) + "\n")
+    before = record.read_text()
+    rc, result = play(ansible_env, root, "", "--check", "--diff", **installed, **NODE_VARS)
+    assert rc == 0, result
+    changed = {name for name, host in _tasks(result).items() if host.get("changed")}
+    assert {"Copy the built collection", "Record the runtime the node has"} <= changed, changed
+    assert "Install ansible-core and the modules' packages into the venv" not in changed  # the venv is current
+    assert record.read_text() == before and not (opt / "gpufleet-node.tar.gz").exists()
 
 
 HF_TOKEN = "hf_boot-validation-9876543210"

@@ -4,8 +4,10 @@ secrets read on the node, and the digest that decides when the node's collection
 
 from __future__ import annotations
 
+import base64
 import io
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -18,6 +20,8 @@ from ansible_collections.gpufleet.node.plugins.filter.boot_validation import (
     boot_validation_contract,
     boot_validation_declarations,
     boot_validation_env_file_value,
+    boot_validation_runtime,
+    boot_validation_stale,
     boot_validation_vars,
 )
 
@@ -153,6 +157,107 @@ def test_the_collection_digest_follows_the_runtime_files_not_the_version_alone(t
     assert boot_validation_collection_digest(_tarball(tmp_path / "5.tar.gz", base, version="0.2.0")) != one
     with pytest.raises(AnsibleFilterError, match="is not a built collection"):
         boot_validation_collection_digest(str(tmp_path / "missing.tar.gz"))
+
+
+GALAXY_YML = """namespace: gpufleet
+name: node
+version: 0.1.0
+readme: README.md
+authors: [t]
+build_ignore:
+  - .venv
+  - '*.swp'
+  - roles/r/files/local-*
+"""
+
+
+def _tree(root):
+    """A collection source tree with what galaxy leaves out: build_ignore, caches, a symlinked directory."""
+    files = {
+        "galaxy.yml": GALAXY_YML,
+        "README.md": "readme",
+        "meta/runtime.yml": "requires_ansible: '>=2.16'",
+        "plugins/modules/m.py": "print(1)",
+        "plugins/modules/__pycache__/m.cpython-311.pyc": "x",
+        "plugins/modules/m.pyc": "x",
+        "playbooks/validate.yml": "- hosts: all",
+        "roles/r/tasks/main.yml": "---",
+        "roles/r/tasks/.main.yml.swp": "swap",
+        "roles/r/files/local-notes.txt": "ignored",
+        "roles/r/files/shipped.txt": "shipped",
+        "tests/unit/test_x.py": "test",
+        ".venv/lib/x.py": "venv",
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    os.symlink("r", root / "roles/alias")  # galaxy lists it, not its files
+    return root
+
+
+def _galaxy_build(src, out):
+    from ansible.galaxy.collection import build_collection
+
+    out.mkdir(exist_ok=True)
+    return build_collection(str(src), str(out), True)
+
+
+def test_the_digest_of_a_source_tree_is_the_digest_of_what_galaxy_builds_from_it(tmp_path):
+    src = _tree(tmp_path / "src")
+    one = boot_validation_collection_digest(str(src))
+    assert one == boot_validation_collection_digest(_galaxy_build(src, tmp_path / "b1"))
+    # tests, docs, caches and what build_ignore names: neither shipped nor digested
+    for name in ("tests/unit/test_x.py", "README.md", "roles/r/tasks/.main.yml.swp", "roles/r/files/local-notes.txt",
+                 "plugins/modules/__pycache__/m.cpython-311.pyc", ".venv/lib/x.py"):  # fmt: skip
+        (src / name).write_text("changed")
+    assert boot_validation_collection_digest(str(src)) == one
+    # a runtime file's content, a new runtime file: a new digest, the same as galaxy's build
+    (src / "roles/r/files/shipped.txt").write_text("shipped v2")
+    two = boot_validation_collection_digest(str(src))
+    (src / "plugins/modules/n.py").write_text("print(2)")
+    three = boot_validation_collection_digest(str(src))
+    assert len({one, two, three}) == 3
+    assert three == boot_validation_collection_digest(_galaxy_build(src, tmp_path / "b2"))
+    (src / "galaxy.yml").write_text(GALAXY_YML + "manifest: {}\n")
+    with pytest.raises(AnsibleFilterError, match="uses manifest"):
+        boot_validation_collection_digest(str(src))
+    with pytest.raises(AnsibleFilterError, match="not a collection source tree"):
+        boot_validation_collection_digest(str(tmp_path))
+
+
+def test_the_runtime_digests_and_which_parts_of_a_node_are_stale(tmp_path):
+    reqs = tmp_path / "requirements.txt"
+    reqs.write_text("ansible-core==2.19.14\n")
+    wheels = tmp_path / "wheelhouse"
+    wheels.mkdir()
+    (wheels / "ansible_core-2.19.14-py3-none-any.whl").write_bytes(b"w" * 10)
+    src = _tree(tmp_path / "src")
+    full = boot_validation_runtime(str(reqs), str(wheels), str(src))
+    assert sorted(full) == ["collection", "venv"]
+    assert full["collection"] == boot_validation_collection_digest(str(src))
+    # only the parts the role installs (the operator's own venv or collection: not digested)
+    assert boot_validation_runtime("", "", str(src)) == {"collection": full["collection"]}
+    assert boot_validation_runtime(str(reqs), str(wheels), "") == {"venv": full["venv"]}
+    assert boot_validation_runtime("", "", "") == {}
+    # the venv follows the requirements, the wheelhouse's listing, and where pip installs from
+    assert boot_validation_runtime(str(reqs), str(wheels) + "/")["venv"] == full["venv"]
+    assert boot_validation_runtime(str(reqs), "")["venv"] != full["venv"]
+    (wheels / "jinja2-3.1.6-py3-none-any.whl").write_bytes(b"j")
+    assert boot_validation_runtime(str(reqs), str(wheels))["venv"] != full["venv"]
+    with pytest.raises(AnsibleFilterError, match="is not a directory on the controller. Build it with `pip download"):
+        boot_validation_runtime(str(reqs), str(tmp_path / "nowhere"))
+    with pytest.raises(AnsibleFilterError, match="cannot read boot_validation_requirements"):
+        boot_validation_runtime(str(tmp_path / "missing.txt"))
+
+    def record(data):
+        return base64.b64encode(data if isinstance(data, bytes) else json.dumps(data).encode()).decode()
+
+    assert boot_validation_stale(record(full), full) == []
+    assert boot_validation_stale(record(dict(full, collection="0" * 64)), full) == ["collection"]
+    assert boot_validation_stale(record({"collection": full["collection"]}), full) == ["venv"]
+    for unreadable in ("", None, "not base64!", record(b"\xff"), record(b"[1]"), record(b"{")):
+        assert boot_validation_stale(unreadable, full) == ["collection", "venv"], unreadable
+    assert boot_validation_stale("", {}) == []  # the operator's runtime: nothing to compare
 
 
 def test_the_node_requirements_pin_the_controllers_ansible_core():

@@ -9,10 +9,18 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.node.plugins.module_utils import _backend
 
 
-def serving_backend(requested, gpu_memory_mib, model="", vllm_fits=None, llamacpp_fits=None):
-    """``{'backend', 'requested', 'reason'}`` for this host (see module_utils/_backend.py)."""
+def serving_backend(requested, gpu_memory_mib, model="", vllm=None, llamacpp=None, recorded=None):
+    """``{'backend', 'requested', 'reason', 'plans'}`` for this host (see module_utils/_backend.py).
+
+    ``vllm``: the vLLM plan's inputs (``model``, ``gpu``, ``gpu_count``, ``overrides``,
+    ``expected_request_len``, ``gpu_memory_mib``, ``oversubscription_factor``, ``reserves``);
+    ``llamacpp``: ``llamacpp_memory_plan``'s (``model_path`` or ``model``, ``quant``,
+    ``gpu_memory_mib``, ``ctx_size``, ``parallel``, ...); both planned here, on the controller, and
+    only where ``auto`` needs them. ``recorded``: the verdicts of an earlier run, used instead."""
     try:
-        return _backend.choose(requested, gpu_memory_mib, model=model, vllm_fits=vllm_fits, llamacpp_fits=llamacpp_fits)
+        return _backend.choose_planned(
+            requested, gpu_memory_mib, model=model, vllm=vllm, llamacpp=llamacpp, recorded=recorded
+        )
     except _backend.BackendError as exc:
         raise AnsibleFilterError(str(exc)) from exc
 

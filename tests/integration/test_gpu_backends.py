@@ -1,11 +1,13 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Both backends on every lab profile: the NVML stand-in and the nvidia-smi stand-in answer from
-the same model and registers, so the facts must be identical; expectations and failures."""
+the same model and registers, so the facts must be identical; expectations and failures. And the
+serving backend (vLLM or llama.cpp) that `auto` chooses from those facts and the plans."""
 
 from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -13,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+import lab.hwmodel as hw
 from ansible_collections.gpufleet.node.plugins.module_utils import _gpu
 from lab.standins import nvidia_smi as smi
+from tests.support import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 STUB = REPO / "lab" / "stubs" / "pynvml.py"
@@ -418,3 +422,57 @@ def test_stub_matches_nvidia_ml_py(nvml):
         == "NVMLError_DriverNotLoaded"
     )
     assert str(nvml.NVMLError_Unknown()) == "Unknown Error"
+
+
+# --- the serving backend (gpufleet_serving_backend auto) in the NCCL gate's marker ----------------
+
+
+@pytest.mark.skipif(not shutil.which("setpci"), reason="pciutils is not installed")
+def test_auto_backend_and_its_reason_reach_the_gate_marker(ansible_env, tmp_path):
+    """One run, three lab machines: GPUs of different sizes (llama.cpp); four L40S that hold a 70B
+    FP8 model with tensor parallelism (vLLM's plan fits: vLLM); the same machine limited to one
+    GPU (vLLM's plan does not fit, a Q4_K_M layer offload does: llama.cpp). Each choice and the
+    planners' numbers that decided it are printed and written to the gate's marker."""
+    model = {"vllm_server_model": "Llama-3.3-70B-Instruct-FP8", "llamacpp_server_model": "Llama-3.3-70B-Instruct"}
+    hosts = {
+        "hetero": ("a6000-4090-hetero", model),
+        "tp4": ("l40s-4x-switch", model),
+        "tp1": ("l40s-4x-switch", dict(model, vllm_server_gpu_count=1, llamacpp_server_gpu_memory_mib=[46068])),
+    }
+    inventory = {"all": {"hosts": {}}}
+    for name, (profile, host_vars) in hosts.items():
+        node = hw.build(profile, tmp_path / name)
+        inventory["all"]["hosts"][name] = dict(
+            host_vars,
+            ansible_connection="local",
+            ansible_python_interpreter=sys.executable,
+            lab_root=str(node.root),
+            state_dir=str(tmp_path / "state" / name),
+        )
+    (tmp_path / "hosts.yml").write_text(json.dumps(inventory))
+    proc = run_playbook(
+        Path(__file__).resolve().parent / "playbooks" / "serving_backend.yml",
+        inventory=tmp_path / "hosts.yml",
+        extra_vars={"repo": str(REPO), "nccl_gate_repeats": 1},
+        env=ansible_env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    markers = {n: json.loads((tmp_path / "state" / n / "run/gpufleet/nccl-gate.json").read_text()) for n in hosts}
+    assert all(m["passed"] for m in markers.values()), markers
+    assert markers["hetero"]["serving_backend"] == "llamacpp"
+    assert "differ in size (49140, 24564 MiB)" in markers["hetero"]["serving_backend_reason"]
+    assert markers["tp4"]["serving_backend"] == "vllm"
+    assert (
+        "4 identical GPUs (46068 MiB): vLLM's tensor-parallel plan fits (tensor_parallel_size 4"
+        in (markers["tp4"]["serving_backend_reason"])
+    )
+    assert markers["tp1"]["serving_backend"] == "llamacpp"
+    reason = markers["tp1"]["serving_backend_reason"]
+    assert "does not fit (tensor_parallel_size 1: weights alone exceed the budget: 67.67 GiB" in reason
+    assert "llama.cpp's layer-offload plan fits (Llama-3.3-70B-Instruct with 74 of 80 layers" in reason
+    # printed as well (the YAML callback folds long lines and doubles quotes)
+    printed = " ".join(proc.stdout.replace("''", "'").split())
+    for name, marker in markers.items():
+        line = " ".join(f"serving backend: {marker['serving_backend']} ({marker['serving_backend_reason']})".split())
+        assert line in printed, name

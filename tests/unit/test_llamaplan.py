@@ -235,42 +235,6 @@ def test_bad_inputs_name_the_option(kwargs, match):
         lp.plan(**kwargs)
 
 
-# --- the backend choice (gpufleet_serving_backend) ------------------------------------------------
-
-from ansible_collections.gpufleet.node.plugins.module_utils import _backend  # noqa: E402
-
-
-@pytest.mark.parametrize(
-    "requested,gpus,model,vllm_fits,backend,why",
-    [
-        ("auto", [46068] * 4, "Llama-3.3-70B-Instruct", None, "vllm", "4 identical GPUs (46068 MiB)"),
-        (
-            "auto",
-            [RTX_A6000, RTX_4090],
-            "Llama-3.3-70B-Instruct",
-            None,
-            "llamacpp",
-            "differ in size (49140, 24564 MiB)",
-        ),
-        ("auto", [RTX_A6000], "/models/m-Q4_K_M.gguf", None, "llamacpp", "GGUF file (m-Q4_K_M.gguf)"),
-        ("auto", [RTX_A6000], "Llama-3.3-70B-Instruct", False, "llamacpp", "only a layer-offload plan"),
-        ("auto", [RTX_A6000] * 2, "Llama-3.3-70B-Instruct", True, "vllm", "(its plan fits)"),
-        ("vllm", [RTX_A6000, RTX_4090], "x", None, "vllm", "set by gpufleet_serving_backend"),
-        ("LlamaCpp", [46068] * 4, "x", None, "llamacpp", "set by"),
-    ],
-)
-def test_backend_choice(requested, gpus, model, vllm_fits, backend, why):
-    choice = _backend.choose(requested, gpus, model=model, vllm_fits=vllm_fits)
-    assert choice["backend"] == backend and why in choice["reason"]
-
-
-def test_backend_choice_refuses_unknown_names_and_no_gpus():
-    with pytest.raises(_backend.BackendError, match="'sglang' is not one of auto, vllm, llamacpp"):
-        _backend.choose("sglang", [1])
-    with pytest.raises(_backend.BackendError, match="no GPUs"):
-        _backend.choose("auto", [])
-
-
 # --- llama-server's /metrics in vllm_metrics_info's figures ---------------------------------------
 
 

@@ -20,7 +20,9 @@ description:
     report, in the controller's process), so that the playbook can tell a record of this run from a stale one.
     Without a token (any other playbook) nothing is written.
   - A changed task is recorded with the file or object it manages (for a template or copy, its
-    C(dest), not the temporary copy its diff names); a loop, once per changed item.
+    C(dest), not the temporary copy its diff names); a loop, once per changed item; a
+    M(gpufleet.node.files) task, once per changed file or directory (a C(no_log) one, once per
+    file it writes).
   - Tasks tagged C(drift_report) (the playbook's own bookkeeping) are not recorded. A failure of a
     task tagged C(drift_known_state) (a node that is out of service for a reason already recorded
     in this boot, such as a failed gate) is recorded as C(out_of_service), which the report shows
@@ -94,8 +96,16 @@ class CallbackModule(CallbackBase):
     def v2_runner_on_ok(self, result):
         self._seen(result)
         res = result._result
+        if not res.get("changed"):
+            return
+        # gpufleet.node.files: one row per changed file (a no_log task's result is censored:
+        # each file its arguments name)
+        dests = _changed_dests(res, _task_args(result))
+        if dests is not None:
+            for dest in dests:
+                self._add(result, "changed", f"dest: {dest}")
         # a loop's own result only sums up its items, each recorded already
-        if res.get("changed") and not isinstance(res.get("results"), list):
+        elif not isinstance(res.get("results"), list):
             self._add(result, "changed", _what(res, _task_args(result)))
 
     def v2_runner_item_on_ok(self, result):
@@ -133,6 +143,19 @@ def _task_args(result):
     fields = getattr(result, "task_fields", None) or getattr(result, "_task_fields", None) or {}
     args = fields.get("args")
     return args if isinstance(args, dict) else {}
+
+
+def _changed_dests(res, args):
+    """The files a changed gpufleet.node.files task manages: those its result says changed, or
+    (its result censored by no_log) every file its arguments name; None for any other task."""
+    if isinstance(res.get("changed_dests"), list):
+        return [str(d) for d in res["changed_dests"]]
+    files = args.get("files")
+    if res.get("censored") and isinstance(files, list) and files and all(isinstance(f, dict) for f in files):
+        dests = [f.get("dest") for f in files]
+        if all(isinstance(d, str) and d and "{{" not in d for d in dests):
+            return dests
+    return None
 
 
 def _what(res, args=None):

@@ -20,6 +20,9 @@ def _run(tmp_path, token=True):
     record.mkdir()
     (root / "env.j2").write_text("A=1\n")
     (root / "etc/gpu-runtime.env").write_text("A=0\n")
+    (root / "etc/same.env").write_text("A=1\n")
+    (root / "etc/same.env").chmod(0o644)
+    (root / "etc").chmod(0o755)
     if token:
         (record / "token").write_text("0123abcd\n")
     run = run_playbook(
@@ -46,9 +49,14 @@ def test_records_the_managed_file_of_every_changed_task_once(tmp_path):
         ("changed", "Write drop-ins", f"dest: {etc}/a.conf"),
         ("changed", "Write drop-ins", f"dest: {etc}/b.conf"),
         ("changed", "Write a file with content", f"dest: {etc}/content.txt"),
+        # gpufleet.node.files: each changed file by its path, not the unchanged one
+        ("changed", "Write files in one module run", f"dest: {etc}/gpu-runtime.env"),
+        ("changed", "Write files in one module run", f"dest: {etc}/files-new.txt"),
+        ("changed", "Write a secret file", f"dest: {etc}/secret.env"),
         ("out_of_service", "A node out of service for a reason of this boot", "the gate failed in this boot"),
     ], run.explain()
-    assert not (etc / "new.env").exists() and (etc / "gpu-runtime.env").read_text() == "A=0\n"
+    assert not (etc / "new.env").exists() and not (etc / "files-new.txt").exists()
+    assert (etc / "gpu-runtime.env").read_text() == "A=0\n"
 
 
 def test_without_a_token_nothing_is_recorded(tmp_path):

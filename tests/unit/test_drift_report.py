@@ -67,3 +67,15 @@ def test_a_record_not_from_this_run_is_refused(tmp_path, record):
     with pytest.raises(AnsibleActionFail, match="No drift record from this run"):
         report(str(tmp_path), ["node1"])
     assert not (tmp_path / "report.json").exists()
+
+
+def test_callback_names_each_changed_file_of_a_files_task():
+    from ansible_collections.gpufleet.node.plugins.callback.drift import _changed_dests
+
+    res = {"changed": True, "changed_dests": ["/etc/a", "/etc/b"], "results": [{}, {}]}
+    assert _changed_dests(res, {}) == ["/etc/a", "/etc/b"]
+    # a no_log task: its result is censored, its arguments name the files
+    censored = {"changed": True, "censored": "the output has been hidden"}
+    assert _changed_dests(censored, {"files": [{"dest": "/etc/vllm/secrets.env"}]}) == ["/etc/vllm/secrets.env"]
+    assert _changed_dests(censored, {"files": [{"dest": "{{ x }}"}]}) is None
+    assert _changed_dests({"changed": True, "dest": "/etc/x"}, {"dest": "/etc/x"}) is None

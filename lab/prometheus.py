@@ -110,11 +110,15 @@ def install_node_exporter(upper, address):
 # --- the configuration ------------------------------------------------------------------------
 
 
-def scrape_configs(inventory, balancer_target=None, drift_target=None, settings=None):
+def scrape_configs(inventory, balancer_target=None, drift_target=None, settings=None, credentials_file=None):
     """Prometheus' scrape_configs for an inventory (Fleet.inventory()'s shape), as role monitoring's
     templates/etc/prometheus/prometheus.yml.j2 writes them: node_exporter of every gpu_nodes host,
     vLLM of every host whose monitoring_vllm_scrape is not false (at its vllm_server_port), the
-    balancer's HAProxy exporter, and the drift report's exporter (honor_labels)."""
+    balancer's HAProxy exporter, and the drift report's exporter (honor_labels).
+
+    ``credentials_file``: a file holding the servers' API key (vllm_server_api_key), sent as a bearer
+    token by the serving job: llama.cpp's llama-server (role llamacpp_server) answers /metrics only
+    with the key; vLLM's /metrics ignores it."""
     settings = settings or role_settings()
     jobs = settings["jobs"]
     group = inventory["all"]["children"].get("gpu_nodes", {})
@@ -131,6 +135,8 @@ def scrape_configs(inventory, balancer_target=None, drift_target=None, settings=
         {"job_name": jobs["node"], "static_configs": nodes},
         {"job_name": jobs["vllm"], "metrics_path": "/metrics", "static_configs": vllm},
     ]
+    if credentials_file:
+        out[1]["authorization"] = {"type": "Bearer", "credentials_file": str(credentials_file)}
     if balancer_target:
         name, target = balancer_target
         out.append(
@@ -180,6 +186,9 @@ class Prometheus:
         self.data = self.dir / "data"
         self.log = self.dir / "prometheus.log"
         self.run_file = self.dir / "run.json"
+        # the serving nodes' API key (the lab's vllm_server_api_key), 0600: llama-server's /metrics
+        # needs it (role llamacpp_server requires the same key as vLLM)
+        self.api_key_file = self.dir / "server-api-key"
         self.drift_dir = Path(spec["drift_dir"])
 
     @staticmethod
@@ -212,6 +221,15 @@ class Prometheus:
             f"# `for:` overridden as monitoring_alert_for would: {json.dumps(ALERT_FOR)}\n"
             + yaml.safe_dump(lab_rules(), sort_keys=False, width=1000)
         )
+        credentials = None
+        secrets = getattr(self.fleet, "secrets", None)  # a Fleet has them; a bare test double may not
+        api_key = secrets().get("vllm_server_api_key") if secrets else None
+        if api_key:
+            fd = os.open(self.api_key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(api_key + "\n")
+            os.chmod(self.api_key_file, 0o600)
+            credentials = self.api_key_file
         balancer = None
         if balancer_spec and balancer_spec.get("exporter_port"):
             balancer = ("lab-balancer", f"{balancer_spec['address']}:{balancer_spec['exporter_port']}")
@@ -223,7 +241,10 @@ class Prometheus:
             },
             "rule_files": [str(self.rules)],
             "scrape_configs": scrape_configs(
-                inventory, balancer, f"{self.spec['address']}:{self.spec['drift_exporter_port']}"
+                inventory,
+                balancer,
+                f"{self.spec['address']}:{self.spec['drift_exporter_port']}",
+                credentials_file=credentials,
             ),
         }
         self.config.write_text(

@@ -11,7 +11,6 @@ Tiers (each a directory; run one with `pytest tests/<tier>`):
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -57,17 +56,10 @@ def ansible_env():
 def session_lab():
     """The run's one lab (tests.support.SessionLab), shared by tests/lab, tests/fleet and the
     operations tests; skipped, saying why, where the lab cannot run."""
-    from tests.support import SessionLab, lab_prerequisites
+    from tests.support import FLEET_PROFILES, own_lab
 
-    missing = lab_prerequisites()
-    if missing:
-        pytest.skip(f"lab prerequisites: {missing}")
-    lab = SessionLab(REPO / ".lab-state" / f"pytest-{os.getpid()}")
-    try:
-        lab.up()
+    with own_lab(FLEET_PROFILES, spare=True, export_vault=True) as lab:
         yield lab
-    finally:
-        lab.down()
 
 
 TIERS = ("unit", "integration", "lab", "fleet", "vllm_parser")

@@ -3,11 +3,13 @@
 
 One way each: run a playbook and read its PLAY RECAP (`run_playbook`), say why the lab cannot run
 here (`lab_prerequisites`), serve HTTP from a test (`FakeHTTP`, `MetricsServer`), run a module as
-Ansible does (`run_module`).  The session's lab itself is `tests/conftest.py`'s `lab` fixture.
+Ansible does (`run_module`), boot a lab for a with-block (`own_lab`: the session's lab, which is
+`tests/conftest.py`'s `session_lab` fixture, and a module's lab of its own).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -379,13 +381,13 @@ class SessionLab:
     ``.lab-state/pytest-<pid>`` (never the default ``.lab-state`` nor ``inventories/lab/hosts.yml``);
     each group of tests gets an inventory of its own nodes (``inventory(nodes, name)``)."""
 
-    def __init__(self, state, fleet_profiles=None, export_vault=True):
+    def __init__(self, state, fleet_profiles=None, export_vault=True, spare=True):
         self.state = Path(state)
         self.export_vault = export_vault  # the session's lab: every ansible run of the process gets its password
         self.fleet_profiles = list(fleet_profiles or FLEET_PROFILES)
-        self.profiles = self.fleet_profiles + [SPARE_PROFILE]
+        self.profiles = self.fleet_profiles + ([SPARE_PROFILE] if spare else [])
         self.fleet_nodes = [f"node{i + 1}" for i in range(len(self.fleet_profiles))]
-        self.spare = f"node{len(self.profiles)}"
+        self.spare = f"node{len(self.profiles)}" if spare else None
         self.up_seconds = None
 
     def cli(self, *args, check=True, timeout=180):
@@ -470,6 +472,25 @@ class SessionLab:
     def ssh(self, node, command, check=True, timeout=60):
         """Run a shell command on node as root over SSH; its stdout (AssertionError on failure)."""
         return ssh(self.key, self.spec(node), command, check=check, timeout=timeout)
+
+
+@contextlib.contextmanager
+def own_lab(profiles, name=None, *, lab_class=None, spare=False, export_vault=False):
+    """A lab of `profiles` (node1..nodeN) for the with-block, down at its end; the test is skipped,
+    saying why, where the lab cannot run.  State in .lab-state/pytest-<pid>[-<name>].  The
+    session's lab (tests/conftest.py) adds the spare node and exports its vault password to the
+    process; a module's own lab (``name``) does neither: its runs name its password themselves.
+    lab_class: a SessionLab subclass with the module's own helpers."""
+    missing = lab_prerequisites()
+    if missing:
+        pytest.skip(f"lab prerequisites: {missing}")
+    state = REPO / ".lab-state" / (f"pytest-{os.getpid()}-{name}" if name else f"pytest-{os.getpid()}")
+    lab = (lab_class or SessionLab)(state, profiles, export_vault=export_vault, spare=spare)
+    try:
+        lab.up()
+        yield lab
+    finally:
+        lab.down()
 
 
 def run_module(name, args, check_mode=False, diff=False, env=None):

@@ -46,7 +46,7 @@ options:
     description: Model name to request. Default - the first model the server lists on C(/v1/models).
     type: str
   api_key:
-    description: Bearer token for the server's C(/v1) API.
+    description: Bearer token for the server's C(/v1) API and its C(/metrics) (llama.cpp asks for it there too).
     type: str
   concurrency:
     description: Clients sending at the same time.
@@ -296,6 +296,8 @@ def main():
     def sampler():
         text = _http.get_text(
             metrics_url,
+            # llama.cpp's /metrics asks for the API key too (vLLM's does not)
+            headers={"Authorization": "Bearer " + p["api_key"]} if p["api_key"] else None,
             timeout=min(SCRAPE_TIMEOUT, p["timeout"]),
             max_bytes=p["max_bytes"],
             validate_certs=p["validate_certs"],

@@ -62,6 +62,11 @@ options:
     description: Verify the server's TLS certificate (https URLs).
     type: bool
     default: true
+  api_key:
+    description:
+      - Sent as a bearer token (C(Authorization) header). llama.cpp's llama-server answers C(/metrics) only with the
+        API key it was started with (role gpufleet.node.llamacpp_server); vLLM's C(/metrics) does not ask for it.
+    type: str
   max_kv_cache_usage:
     description: KV-cache usage (0 to 1) the window's peak must stay under.
     type: float
@@ -239,6 +244,7 @@ def main():
             max_num_requests_waiting=dict(type="int", default=8),
             waiting_sustained_samples=dict(type="int", default=3),
             max_preemptions=dict(type="int", default=0),
+            api_key=dict(type="str", no_log=True),
             **vm.judging_spec(),
             **_http.argument_spec(timeout=10.0),
         ),
@@ -265,7 +271,11 @@ def main():
     def fetch():
         try:
             return _http.get_text(
-                url, timeout=p["timeout"], max_bytes=p["max_bytes"], validate_certs=p["validate_certs"]
+                url,
+                headers={"Authorization": "Bearer " + p["api_key"]} if p["api_key"] else None,
+                timeout=p["timeout"],
+                max_bytes=p["max_bytes"],
+                validate_certs=p["validate_certs"],
             )
         except _http.HttpError as exc:
             raise vm.ScrapeError(

@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Faults: a configuration the planner refuses, HAProxy down during registration, a node lost
-mid-play, a gate that hangs.  Each ends with the node out of the pool, the others untouched."""
+mid-play, a gate that hangs, an acceptance load test that fails.  Each ends with the node out of
+the pool, the others untouched; where only the pool changed, registration alone (`site.yml --tags
+lb_registration`, fleet.restore) puts the node back, else the next converge runs site.yml."""
 
 from __future__ import annotations
 
@@ -58,11 +60,14 @@ def test_a_config_the_planner_refuses_leaves_the_host_untouched(fleet, first_run
     fleet.converge(nodes=[node])
     before = _snapshot(fleet, node)
     fleet.changed(node)  # from here on, whatever the outcome
-    # 70B FP8 weights (68 GiB) on one 48 GB L40S
+    # 70B FP8 weights (68 GiB) on one 48 GB L40S: the serving step alone (and site.yml's rescue);
+    # vLLM named, as `auto` would serve a plan vLLM refuses with llama.cpp where that one fits
     run = fleet.site(
+        "--tags",
+        "vllm_server",
         limit=node,
-        extra_vars=[{"vllm_server_settings": {"tensor_parallel_size": 1}}],
-        label=f"site.yml --limit {node} (planner refuses)",
+        extra_vars=[{"gpufleet_serving_backend": "vllm", "vllm_server_settings": {"tensor_parallel_size": 1}}],
+        label=f"site.yml --limit {node} --tags vllm_server (planner refuses)",
     )
     assert run.rc != 0 and run.recap[node]["failed"] == 1, run.explain()
     failures = _flat(run, node)
@@ -72,6 +77,8 @@ def test_a_config_the_planner_refuses_leaves_the_host_untouched(fleet, first_run
     assert _snapshot(fleet, node) == before, "the refused run changed the node's server"
     # a node that fails any step ends unregistered (site.yml's rescue)
     assert node not in fleet.pool() and node not in fleet.config_servers()
+    # nothing but the pool changed: registration alone puts it back (else converge runs site.yml)
+    fleet.restore(node, "lb_registration", f"site.yml --limit {node} --tags lb_registration (after the refusal)")
 
 
 def test_haproxy_down_during_registration(fleet, first_run):
@@ -83,9 +90,11 @@ def test_haproxy_down_during_registration(fleet, first_run):
     fleet.lab("balancer", "stop")
     try:
         run = fleet.site(
+            "--tags",
+            "lb_registration",
             limit=node,
             extra_vars=["lb_registration_retries=1", "lb_registration_delay=1"],
-            label=f"site.yml --limit {node} (balancer down)",
+            label=f"site.yml --limit {node} --tags lb_registration (balancer down)",
         )
         assert run.rc != 0 and run.recap[node]["failed"] == 1, run.explain()
         failures = _flat(run, node)
@@ -97,11 +106,18 @@ def test_haproxy_down_during_registration(fleet, first_run):
         fleet.lab("balancer", "start")
     assert node not in fleet.pool(), "half-registered: HAProxy came back with the node in the pool"
 
-    run = fleet.site(limit=node, label=f"site.yml --limit {node} (balancer back)")
+    run = fleet.site(
+        "--tags", "lb_registration", limit=node, label=f"site.yml --limit {node} --tags lb_registration (balancer back)"
+    )
     assert run.rc == 0 and fleet.recap_ok(run, node), run.explain()
     assert fleet.pool().get(node, {}).get("state") == "ready"
     assert fleet.config_servers().get(node) == f"{fleet.nodes[node]['address']}:8000"
-    fleet.restored(node)
+    # the restarted HAProxy kept the other healthy nodes (its config file's servers), and their
+    # agents put them back in rotation: as site.yml left them, without a run
+    others = [n for n in fleet.healthy if n != node]
+    pool = fleet.wait_pool(lambda p: all(p.get(n, {}).get("op_state") == "running" for n in others))
+    assert all(pool.get(n, {}).get("state") == "ready" and pool[n]["op_state"] == "running" for n in others), pool
+    fleet.restored(node, *others)
 
 
 def test_a_node_lost_mid_play_does_not_stop_the_others(fleet, converged):
@@ -144,6 +160,13 @@ def test_a_node_lost_mid_play_does_not_stop_the_others(fleet, converged):
         assert victim not in pool or victim in fleet.healthy
     finally:
         fleet.lab("start", victim)
+    if victim in fleet.refused:
+        # its boot validation measured it again and refused it, as site.yml leaves it: no run
+        marker = json.loads(fleet.host(victim).file(MARKER).content_string)
+        assert marker["boot_id"] == fleet.nodes[victim]["boot_id"] and marker["passed"] is False, marker
+        assert fleet.unit_state(victim, "gpufleet-validate.service")["ActiveState"] == "failed"
+        assert victim not in fleet.pool() and victim not in fleet.config_servers()
+        fleet.restored(victim)
 
 
 def test_a_hanging_gate_times_out_and_the_node_stays_out(fleet, first_run):
@@ -151,6 +174,8 @@ def test_a_hanging_gate_times_out_and_the_node_stays_out(fleet, first_run):
     _ready(fleet, node)
     fleet.changed(node)
     run = fleet.site(
+        "--tags",
+        "nccl_gate",
         limit=node,
         extra_vars=[
             "nccl_gate_force=true",
@@ -158,7 +183,7 @@ def test_a_hanging_gate_times_out_and_the_node_stays_out(fleet, first_run):
             "nccl_gate_repeats=1",
             {"nccl_gate_environment": {"GPUFLEET_LAB_ALLREDUCE_FAULT": "hang"}},
         ],
-        label=f"site.yml --limit {node} (gate hangs)",
+        label=f"site.yml --limit {node} --tags nccl_gate (gate hangs)",
     )
     assert run.rc != 0 and run.recap[node]["failed"] == 1, run.explain()
     failures = _flat(run, node)
@@ -201,13 +226,15 @@ def test_acceptance_load_test_keeps_a_slow_node_out(fleet, first_run):
     assert node in fleet.pool()
 
     failing = fleet.site(
+        "--tags",
+        "acceptance",
         limit=node,
         extra_vars=[
             "gpufleet_acceptance_load_test=true",
             "gpufleet_acceptance_duration=3",
             "gpufleet_acceptance_max_ttft_p95_seconds=0.001",
         ],
-        label=f"site.yml --limit {node} (acceptance load test fails)",
+        label=f"site.yml --limit {node} --tags acceptance (acceptance load test fails)",
     )
     assert failing.rc != 0 and failing.recap[node]["failed"] == 1, failing.explain()
     failures = _flat(failing, node)
@@ -215,3 +242,4 @@ def test_acceptance_load_test_keeps_a_slow_node_out(fleet, first_run):
         r"Acceptance load test: load test of http://\S+ failed: TTFT p95 [0-9.]+ s above 0.001 s", failures
     ), failures
     assert node not in fleet.pool() and node not in fleet.config_servers()
+    fleet.restore(node, "lb_registration", f"site.yml --limit {node} --tags lb_registration (after the load test)")

@@ -4,8 +4,9 @@ validation, and a fatal XID on a serving node takes it out of rotation within 10
 
 Faults go in with `python -m lab fault NODE KIND` (lab/faults.py) and take effect at once.  To
 keep the suite short each fault costs one `site.yml --limit NODE --tags gpu_health` (the role,
-then site.yml's rescue, which runs under any tags: the node leaves the pool); the node is
-re-converged once at the end of each test (fleet.converge, site.yml with a fresh gate).  Every
+then site.yml's rescue, which runs under any tags: the node leaves the pool); at the end of a
+test the node goes back with `--tags gpu_health,lb_registration` where its gate verdict of this
+boot holds (fleet.restore), else the next converge runs site.yml with a fresh gate.  Every
 fault kind, the NVSwitch ones included, at site.yml and at boot validation (validate.yml), and
 what a reboot clears: tests/fleet/test_fleet_5_health_every_fault.py, on a lab of its own.
 """
@@ -87,15 +88,11 @@ def _restore(fleet, node, label):
     """The fault cleared, the node's gate verdict of this boot intact: gpu_health judges it again
     and registration puts it back (cheaper than site.yml with a fresh gate, which converge runs
     when this does not bring the node back)."""
-    run = fleet.site(
-        "--tags",
+    fleet.restore(
+        node,
         "gpu_health,lb_registration",
-        limit=node,
-        label=f"site.yml --limit {node} --tags gpu_health,lb_registration ({label} cleared)",
+        f"site.yml --limit {node} --tags gpu_health,lb_registration ({label} cleared)",
     )
-    pool = fleet.wait_pool(lambda p: p.get(node, {}).get("op_state") == "running", timeout=10)
-    if fleet.recap_ok(run, node) and pool.get(node, {}).get("state") == "ready" and _verdict(fleet, node)["passed"]:
-        fleet.restored(node)
 
 
 def _inject_and_check(fleet, node, faults):
@@ -125,51 +122,51 @@ def test_each_fault_keeps_the_node_out_at_site(fleet, first_run):
     _inject_and_check(fleet, node, L40S_FAULTS)
 
 
-def test_a_link_trained_down_warns_idle_and_the_gate_catches_it(fleet, first_run):
+def test_a_link_trained_down_and_peermem_unloaded_warn_and_fail_when_judged(fleet, first_run):
     """Idle GPUs downshift, so gpu_health only warns about a narrow link (a width does not drop
-    with idling, hence the warning); the NCCL gate, which loads the link, keeps the node out."""
+    with idling, hence the warning); the NCCL gate, which loads the link, keeps the node out.
+    nvidia_peermem missing where a ConnectX NIC is on the GPUs' path: a warning (gpu_health
+    passes), a failure with gpu_health_require_peermem.  Both faults at once: the checks are
+    independent, and each run judges both."""
     node = _faults_on(fleet, "l40s-4x-switch")
     fleet.changed(node)
     fleet.lab("fault", node, "link-degrade")
+    fleet.lab("fault", node, "peermem-unload")
     try:
-        # site.yml's real path: gpu_health warns (idle), the gate fails the node
+        # site.yml's real path: gpu_health warns twice and passes, the gate fails the node
         run = fleet.site(
-            limit=node, extra_vars=["nccl_gate_force=true"], label=f"site.yml --limit {node} (link-degrade)"
+            limit=node,
+            extra_vars=["nccl_gate_force=true"],
+            label=f"site.yml --limit {node} (link-degrade, peermem-unload)",
         )
         failures = _flat("\n".join(run.host_failures(node)))
         assert run.rc != 0 and "NCCL gate failed" in failures and "trained to x8 of x16" in failures, failures
+        assert "GPU health check failed" not in failures, failures
         assert f"{node} is out of the pool" in failures and node not in fleet.pool()
         verdict = _verdict(fleet, node)
-        assert verdict["passed"] is True, verdict
+        assert verdict["passed"] is True and verdict["boot_id"] == fleet.nodes[node]["boot_id"], verdict
         warned = {w["name"]: w for w in verdict["warnings"]}
         assert "pcie_link" in warned and "idle; judged under load" in warned["pcie_link"]["reason"], verdict
-        # under load (busy=true, as when sampled during the gate) the module fails it itself
-        run = _health_run(fleet, node, "link-degrade, busy", extra_vars=["gpu_health_busy=true"])
-        _assert_kept_out(
-            fleet, node, run, "pcie_link", "below its maximum under load", "drain and inspect the hardware"
+        assert "nvidia_peermem" in warned.get("peermem", {}).get("reason", ""), verdict
+        # under load (busy=true, as when sampled during the gate) the module fails the link itself,
+        # and peermem when required
+        run = _health_run(
+            fleet,
+            node,
+            "link-degrade, busy; peermem-unload, required",
+            extra_vars=["gpu_health_busy=true", "gpu_health_require_peermem=true"],
+        )
+        _assert_kept_out_by(
+            fleet,
+            node,
+            run,
+            [
+                (None, "pcie_link", "below its maximum under load", "drain and inspect the hardware"),
+                (None, "peermem", "nvidia_peermem", "fix the node configuration"),
+            ],
         )
     finally:
         fleet.lab("fault", node, "clear")
-
-
-def test_peermem_unloaded_warns_and_fails_when_required(fleet, first_run):
-    """nvidia_peermem missing where a ConnectX NIC is on the GPUs' path: a warning (the node
-    serves), a failure with gpu_health_require_peermem."""
-    node = _faults_on(fleet, "l40s-4x-switch")
-    fleet.changed(node)
-    fleet.lab("fault", node, "peermem-unload")
-    try:
-        run = _health_run(fleet, node, "peermem-unload")
-        assert run.rc == 0 and fleet.recap_ok(run, node), run.explain()
-        verdict = _verdict(fleet, node)
-        assert verdict["passed"] is True, verdict
-        warned = {w["name"]: w for w in verdict["warnings"]}
-        assert "nvidia_peermem" in warned.get("peermem", {}).get("reason", ""), verdict
-        run = _health_run(fleet, node, "peermem-unload, required", extra_vars=["gpu_health_require_peermem=true"])
-        _assert_kept_out(fleet, node, run, "peermem", "nvidia_peermem", "fix the node configuration")
-    finally:
-        fleet.lab("fault", node, "clear")
-    _restore(fleet, node, "peermem-unload")
 
 
 def _validation(fleet, node):
@@ -242,4 +239,5 @@ def test_a_fatal_xid_takes_a_serving_node_out_within_10s(fleet, converged):
         assert "GPU health check failed" in _flat(out) and "XID 79" in out, drift.table
     finally:
         fleet.lab("fault", node, "clear")
-    fleet.converge(why=f"{node}: after a fatal XID", nodes=[node])
+    # the XID cleared and the gate's verdict of this boot intact: gpu_health judges it again
+    _restore(fleet, node, "fatal XID")

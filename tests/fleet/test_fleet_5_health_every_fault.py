@@ -22,7 +22,6 @@ it out.  Before each run the nodes are put in the balancer, so that "out" can fa
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -32,7 +31,6 @@ from tests import support
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs_lab]
 
-REPO = Path(__file__).resolve().parents[2]
 H100, L40S, REBOOTED = "node1", "node2", "node3"
 VERDICT = "/run/gpufleet/gpu-health.json"
 BACKEND = "vllm_pool"
@@ -79,20 +77,17 @@ def _flat(text):
     return re.sub(r"\s+", " ", text).replace("''", "'")
 
 
+PROFILES = ["h100-sxm-8x", "l40s-4x-switch", "h100-sxm-8x"]  # node1, node2, node3
+
+
 class HealthLab(support.SessionLab):
-    """A lab of node1 and node3 (h100-sxm-8x) and node2 (l40s-4x-switch) only: no spare node."""
+    """The module's lab (support.own_lab: no spare node; its playbook runs name its own vault
+    password, the session lab's stays the process's), with the faults' and the balancer's helpers."""
 
-    def __init__(self, state):
-        # its playbook runs name its own vault password; the session lab's stays the process's
-        super().__init__(state, ["h100-sxm-8x", "l40s-4x-switch", "h100-sxm-8x"], export_vault=False)
-        self.profiles = list(self.fleet_profiles)
-        self.spare = None
-        self.inv = None
-        self.bdfs, self.switches = {}, {}
-
-    def setup(self):
-        self.up()
+    def read_hardware(self):
+        """The inventory of the three nodes, and each node's GPU and NVSwitch bus ids."""
         self.inv = self.inventory(self.fleet_nodes, "health")
+        self.bdfs, self.switches = {}, {}
         for node in self.fleet_nodes:
             gpus = sorted((d for d in self.hw(node).data["devices"] if d["kind"] == "gpu"), key=lambda d: d["index"])
             self.bdfs[node] = [g["bdf"] for g in gpus]
@@ -172,15 +167,9 @@ class HealthLab(support.SessionLab):
 
 @pytest.fixture(scope="module")
 def health_lab():
-    missing = support.lab_prerequisites()
-    if missing:
-        pytest.skip(f"lab prerequisites: {missing}")
-    lab = HealthLab(REPO / ".lab-state" / f"pytest-{os.getpid()}-health")
-    try:
-        lab.setup()
+    with support.own_lab(PROFILES, "health", lab_class=HealthLab) as lab:
+        lab.read_hardware()
         yield lab
-    finally:
-        lab.down()
 
 
 @pytest.fixture(scope="module")

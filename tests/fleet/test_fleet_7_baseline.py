@@ -17,7 +17,6 @@ the README: the spread between runs and nodes, and every verdict.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from pathlib import Path
 
@@ -25,7 +24,6 @@ import pytest
 
 from tests import support
 
-REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = Path(__file__).resolve().parent / "playbooks" / "gate_baseline_lab.yml"
 H100, PCIE = [f"node{i}" for i in range(1, 9)], [f"node{i}" for i in range(9, 14)]
 NVLINK_DOWN, SLOW = "node8", "node13"
@@ -33,31 +31,16 @@ NVLINK_DOWN, SLOW = "node8", "node13"
 pytestmark = [pytest.mark.slow, pytest.mark.needs_lab]
 
 
-class BaselineLab(support.SessionLab):
-    """Thirteen nodes, no spare; its playbook run names its own vault password."""
-
-    def __init__(self, state):
-        profiles = ["h100-sxm-8x" if n in H100 else "l40s-4x-switch" for n in H100 + PCIE]
-        super().__init__(state, profiles, export_vault=False)
-        self.profiles = list(self.fleet_profiles)
-        self.spare = None
-
-
 @pytest.fixture(scope="module")
 def baseline_lab():
-    missing = support.lab_prerequisites()
-    if missing:
-        pytest.skip(f"lab prerequisites: {missing}")
-    lab = BaselineLab(REPO / ".lab-state" / f"pytest-{os.getpid()}-baseline")
-    try:
-        lab.up()
+    """Thirteen nodes of the module's own, no spare; its playbook run names its own vault password."""
+    profiles = ["h100-sxm-8x" if n in H100 else "l40s-4x-switch" for n in H100 + PCIE]
+    with support.own_lab(profiles, "baseline") as lab:
         from lab import faults
         from lab.fleet import Fleet
 
         assert faults.inject(Fleet(lab.state), NVLINK_DOWN, "nvlink-down", None, 3, log=lambda *_: None)
         yield lab
-    finally:
-        lab.down()
 
 
 def gate_results(run):

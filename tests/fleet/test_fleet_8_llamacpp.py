@@ -66,10 +66,25 @@ def test_heterogeneous_node_serves_with_llamacpp_behind_haproxy(converged, heter
         node, "readlink -f /proc/$(systemctl show -p MainPID --value llama-server.service)/exe"
     ).strip() == ("/usr/local/bin/llama-server")
     assert converged.unit_state(node, "vllm.service").get("ActiveState") in ("inactive", None, "")
+    # the API key: the node's vLLM key (vaulted vllm_server_api_key), in a 0600 root-owned env file the
+    # unit reads, never on the command line nor in the unit
+    key = converged.session.secrets["vllm_server_api_key"]
+    assert converged.sh(node, "stat -c '%a %U' /etc/llamacpp/secrets.env").split() == ["600", "root"]
+    assert "EnvironmentFile=/etc/llamacpp/secrets.env" in unit and key not in unit and key not in env
+    assert key not in converged.sh(node, "cat /proc/$(systemctl show -p MainPID --value llama-server.service)/cmdline")
     assert "version:" in converged.sh(node, "/usr/local/bin/llama-server --version 2>&1")
 
-    # /health, the OpenAI API and /metrics on the node
+    # /health, the OpenAI API and /metrics on the node; /health and /v1/models public (the balancer's
+    # check and the node's readiness check), completions and /metrics only with the key
     assert '"ok"' in converged.sh(node, "curl -sf http://127.0.0.1:8000/health")
+    codes = converged.sh(
+        node,
+        "for a in 'Authorization: Bearer wrong' 'X-None: 1'; do"
+        " curl -s -o /dev/null -w '%{http_code} ' -H \"$a\" http://127.0.0.1:8000/metrics;"
+        " curl -s -o /dev/null -w '%{http_code} ' -H \"$a\" -H 'Content-Type: application/json'"
+        ' -d \'{"prompt": "hello", "max_tokens": 1}\' http://127.0.0.1:8000/v1/completions; done',
+    )
+    assert codes.split() == ["401"] * 4, codes
     models = json.loads(converged.sh(node, "curl -sf http://127.0.0.1:8000/v1/models"))
     # the pool's model name: every server of the backend answers for the same model
     assert [m["id"] for m in models["data"]] == [LAB_MODEL]
@@ -82,19 +97,24 @@ def test_heterogeneous_node_serves_with_llamacpp_behind_haproxy(converged, heter
     body = json.dumps({"model": LAB_MODEL, "prompt": "hello the world", "max_tokens": 4, "stream": True})
     streamed = 0
     for _ in range(2 * sum(1 for s in pool.values() if s.get("op_state") == "running")):
-        req = urllib.request.Request(
+        # every server of the pool (vLLM and llama.cpp) asks for the same key: without it, 401
+        bare = urllib.request.Request(
             f"http://{frontend}/v1/completions", data=body.encode(), headers={"Content-Type": "application/json"}
         )
-        try:
-            with urllib.request.urlopen(req, timeout=60) as resp:
-                events = [ln[6:] for ln in resp.read().decode().splitlines() if ln.startswith("data: ")]
-        except urllib.error.HTTPError as err:  # a vLLM node of the pool: its /v1 asks for the API key
-            assert err.code == 401, err
-            continue
-        if events and events[-1] == "[DONE]" and json.loads(events[0])["model"] == LAB_MODEL:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(bare, timeout=60).close()
+        assert refused.value.code == 401
+        req = urllib.request.Request(
+            f"http://{frontend}/v1/completions",
+            data=body.encode(),
+            headers={"Content-Type": "application/json", "Authorization": "Bearer " + key},
+        )
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            events = [ln[6:] for ln in resp.read().decode().splitlines() if ln.startswith("data: ")]
+        if events and events[-1] == "[DONE]" and json.loads(events[0]).get("model") == LAB_MODEL:
             streamed += 1
     assert streamed >= 1
-    metrics = converged.sh(node, "curl -sf http://127.0.0.1:8000/metrics")
+    metrics = converged.sh(node, f"curl -sf -H 'Authorization: Bearer {key}' http://127.0.0.1:8000/metrics")
     assert re.search(r"^llamacpp:prompt_tokens_total [1-9]", metrics, re.M), metrics
 
 

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -98,9 +99,19 @@ def free_port():
         return sock.getsockname()[1]
 
 
-def get(url, timeout=5):
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return resp.status, resp.read().decode()
+def get(url, timeout=5, key=None):
+    headers = {"Authorization": "Bearer " + key} if key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def env_file(path):
+    """KEY=value lines as systemd's EnvironmentFile= reads them (the role writes no quotes)."""
+    lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    return dict(ln.split("=", 1) for ln in lines)
 
 
 def test_serving_config_renders_the_plan_alone(tmp_path, ansible_env, tiny_model):
@@ -149,17 +160,28 @@ def test_a_plan_that_does_not_fit_is_refused_before_anything_is_written(tmp_path
 
 def test_role_installs_and_the_real_server_runs_its_command_line(tmp_path, ansible_env, tiny_model, llama_server):
     model, sha = tiny_model
-    extra = base(tmp_path, model, sha, llamacpp_server_binary_src=llama_server)
-    proc = play(ansible_env, extra)
+    key = "test-key-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:24]
+    # the default: the node's vLLM key (the inventory's vaulted vllm_server_api_key)
+    extra = base(tmp_path, model, sha, llamacpp_server_binary_src=llama_server, vllm_server_api_key=key)
+    proc = play(ansible_env, extra, "-v", "--diff")
     assert proc.rc == 0, proc.explain()
-    again = play(ansible_env, extra)
+    assert key not in proc.output
+    again = play(ansible_env, extra, "--check", "--diff")
     assert again.rc == 0 and again.host("localhost")["changed"] == 0, again.explain()
+    assert key not in again.output
     root = tmp_path / "host"
+    # the key: LLAMA_API_KEY in a 0600 root-owned env file the unit reads, not on the command line
+    secrets = Path(extra["llamacpp_server_config_dir"]) / "secrets.env"
+    assert secrets.stat().st_mode & 0o777 == 0o600 and secrets.stat().st_uid == os.geteuid()
+    assert env_file(secrets) == {"LLAMA_API_KEY": key}
+    assert key not in (root / "etc" / "llamacpp" / "llama-server.env").read_text()
+    assert key not in (root / "etc" / "systemd" / "system" / "llama-server.service").read_text()
     model_on_node = Path(extra["llamacpp_server_model_dir"]) / "gpufleet-tiny.gguf"
     assert hashlib.sha256(model_on_node.read_bytes()).hexdigest() == sha
     unit = (root / "etc" / "systemd" / "system" / "llama-server.service").read_text()
     assert "EnvironmentFile=-%s" % extra["llamacpp_server_runtime_env_file"] in unit
     assert "ExecStart=%s $LLAMACPP_SERVER_ARGS" % extra["llamacpp_server_bin"] in unit
+    assert "EnvironmentFile=%s\n" % secrets in unit
     if shutil.which("systemd-analyze"):
         res = subprocess.run(
             ["systemd-analyze", "verify", str(root / "etc/systemd/system/llama-server.service")],
@@ -182,7 +204,12 @@ def test_role_installs_and_the_real_server_runs_its_command_line(tmp_path, ansib
     args[args.index("--port") + 1] = str(port)
     args[args.index("--host") + 1] = "127.0.0.1"
     log = open(tmp_path / "llama-server.log", "w")
-    server = subprocess.Popen([extra["llamacpp_server_bin"], *args], stdout=log, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [extra["llamacpp_server_bin"], *args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, **env_file(secrets)),
+    )
     try:
         base_url = "http://127.0.0.1:%d" % port
         deadline = time.monotonic() + 120
@@ -197,25 +224,58 @@ def test_role_installs_and_the_real_server_runs_its_command_line(tmp_path, ansib
             assert server.poll() is None, (tmp_path / "llama-server.log").read_text()[-3000:]
             time.sleep(0.5)
         assert status == 200, (tmp_path / "llama-server.log").read_text()[-3000:]
-        _, models = get(base_url + "/v1/models")
-        assert [m["id"] for m in json.loads(models)["data"]] == ["gpufleet-tiny"]
+        # public with a key (llama-server's own list): /health and /v1/models, which the balancer's
+        # check and the node's readiness check ask without a key
+        status, models = get(base_url + "/v1/models")
+        assert status == 200 and [m["id"] for m in json.loads(models)["data"]] == ["gpufleet-tiny"]
         body = json.dumps(
             {"model": "gpufleet-tiny", "prompt": "hello the world", "max_tokens": 8, "stream": True}
         ).encode()
-        req = urllib.request.Request(
-            base_url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            events = [ln[6:] for ln in resp.read().decode().splitlines() if ln.startswith("data: ")]
+
+        def complete(headers):
+            req = urllib.request.Request(
+                base_url + "/v1/completions", data=body, headers={"Content-Type": "application/json", **headers}
+            )
+            try:
+                with urllib.request.urlopen(req, timeout=60) as resp:
+                    return resp.status, resp.read().decode()
+            except urllib.error.HTTPError as err:
+                return err.code, err.read().decode()
+
+        # without the key, or with another: 401, for the completions and for /metrics
+        for headers in ({}, {"Authorization": "Bearer not-" + key}):
+            status, text = complete(headers)
+            assert status == 401 and "Invalid API Key" in text, (status, text)
+        assert get(base_url + "/metrics")[0] == 401
+        assert get(base_url + "/metrics", key="not-" + key)[0] == 401
+        status, text = complete({"Authorization": "Bearer " + key})
+        assert status == 200, text
+        events = [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]
         assert events[-1] == "[DONE]" and len(events) >= 3
         assert all("choices" in json.loads(e) for e in events[:-1])
-        _, metrics = get(base_url + "/metrics")
+        status, metrics = get(base_url + "/metrics", key=key)
+        assert status == 200, metrics
+        assert key not in (tmp_path / "llama-server.log").read_text()
+        # every llama.cpp metric the dashboard (role monitoring) plots is one this build exports
+        plotted = {m for _t, e in support.dashboard_queries() for m in re.findall(r"llamacpp:\w+", e)}
+        exported = set(re.findall(r"^(llamacpp:\w+) ", metrics, re.M))
+        assert plotted and plotted <= exported, (plotted - exported, exported)
         assert re.search(r"^llamacpp:tokens_predicted_total \d", metrics, re.M), metrics
         assert re.search(r"^llamacpp:prompt_tokens_total [1-9]", metrics, re.M), metrics
     finally:
         server.terminate()
         server.wait(timeout=30)
         log.close()
+
+
+def test_an_api_key_that_would_add_a_line_is_refused_before_anything_is_written(tmp_path, ansible_env, tiny_model):
+    model, sha = tiny_model
+    extra = base(tmp_path, model, sha, llamacpp_server_api_key="first-line\nLD_PRELOAD=/tmp/x.so")
+    proc = play(ansible_env, extra, "--tags", "serving_config")
+    assert proc.rc != 0
+    assert "llamacpp_server_api_key contains a newline" in proc.output, proc.output[-3000:]
+    assert "LD_PRELOAD" not in proc.output and "first-line" not in proc.output
+    assert not (tmp_path / "host").exists()
 
 
 def test_a_model_with_another_sha256_is_refused(tmp_path, ansible_env, tiny_model):

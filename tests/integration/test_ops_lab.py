@@ -96,7 +96,12 @@ def ssh(lab, command, check=True, timeout=60):
 
 
 def playbook(lab, ansible_env, path, extra=None, *args):
-    return support.run_playbook(path, *args, inventory=lab["inventory"], extra_vars=extra, env=ansible_env, timeout=300)
+    run = support.run_playbook(path, *args, inventory=lab["inventory"], extra_vars=extra, env=ansible_env, timeout=300)
+    # in the session's summary beside the fleet's runs
+    support.LAB_TIMINGS.append(
+        (f"{Path(path).name} on {lab['node']} (ops tests, an inventory of that node)", run.seconds, run.rc)
+    )
+    return run
 
 
 def recap(proc):

@@ -153,8 +153,14 @@ def test_dashboard_shape():
         "running and waiting",
         "Preemptions",
         "p50 / p95 / p99",
+        "llama.cpp tokens per second",
+        "llama.cpp requests processing and deferred",
     ):
         assert any(needed in t for t in titles), needed
+    # llama-server's metrics (role llamacpp_server, --metrics) by the names this build exports
+    exprs = " ".join(e for _t, e in dashboard_queries(board))
+    for metric in ("prompt_tokens_total", "tokens_predicted_total", "requests_processing", "requests_deferred"):
+        assert "llamacpp:" + metric in exprs, metric
     for p in panels(board):
         if p["type"] != "row":
             assert p["datasource"]["uid"] == "${datasource}", p["title"]

@@ -7,6 +7,7 @@ judges the same figure never disagree on a number)."""
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
+from ansible.module_utils.parsing.convert_bool import boolean
 
 from ansible_collections.gpufleet.node.plugins.module_utils import _recycle, _vllm_metrics
 
@@ -33,6 +34,22 @@ def judging_defaults(source):
         ) from None
 
 
+def serving_key_mismatches(hosts, hostvars, key):
+    """``{{ gpu_nodes | gpufleet.node.serving_key_mismatches(hostvars, monitoring_serving_api_key) }}``:
+    the scraped hosts (monitoring_vllm_scrape not false) whose serving API key
+    (llamacpp_server_api_key, else vllm_server_api_key) is set and is not ``key``, the one
+    Prometheus sends. The keys themselves are never returned."""
+    bad = []
+    for host in hosts:
+        own = hostvars[host]
+        if not boolean(own.get("monitoring_vllm_scrape", True), strict=False):
+            continue
+        node_key = own.get("llamacpp_server_api_key") or own.get("vllm_server_api_key") or ""
+        if node_key and node_key != key:
+            bad.append(host)
+    return bad
+
+
 class FilterModule:
     def filters(self):
-        return {"judging_defaults": judging_defaults}
+        return {"judging_defaults": judging_defaults, "serving_key_mismatches": serving_key_mismatches}

@@ -7,7 +7,10 @@ idempotence; the preflight's refusal."""
 
 from __future__ import annotations
 
+import getpass
+import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +66,8 @@ def setup(tmp_path):
         "monitoring_prometheus_config_file": str(out / "prometheus.yml"),
         "monitoring_prometheus_rules_dir": str(out / "rules.d"),
         "monitoring_drift_exporters": ["127.0.0.1:9100"],
+        "monitoring_serving_api_key_file": str(out / "gpufleet-serving.key"),
+        "monitoring_prometheus_user": getpass.getuser(),
     }
     return tmp_path, out, extra
 
@@ -145,3 +150,44 @@ def test_refuses_unknown_alert_and_bad_threshold(ansible_env, setup):
         assert proc.returncode != 0
         assert "gpufleet.node.monitoring: a setting is out of range" in proc.stdout, proc.explain()
         assert not out.exists()
+
+
+def test_serving_api_key_sent_from_a_0600_file(ansible_env, setup):
+    """llama-server answers /metrics with 401 without the key: the serving job sends it as a bearer
+    credentials file that promtool checks, written 0600 and never shown in the output."""
+    tmp_path, out, extra = setup
+    key = "fleet-key-" + "x" * 24
+    proc = play(ansible_env, tmp_path, extra, {"vllm_server_api_key": key})
+    assert proc.returncode == 0, proc.explain()
+    assert key not in proc.stdout
+    key_file = out / "gpufleet-serving.key"
+    assert key_file.read_text() == key
+    assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
+    jobs = {j["job_name"]: j for j in yaml.safe_load((out / "prometheus.yml").read_text())["scrape_configs"]}
+    assert jobs["gpufleet_vllm"]["authorization"] == {"type": "Bearer", "credentials_file": str(key_file)}
+    assert "authorization" not in jobs["gpufleet_node"]
+    check = subprocess.run(
+        [PROMTOOL, "check", "config", str(out / "prometheus.yml")], capture_output=True, text=True, check=False
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+    # without a key, the file goes and the job sends nothing
+    again = play(ansible_env, tmp_path, extra)
+    assert again.returncode == 0, again.explain()
+    assert not key_file.exists()
+    jobs = {j["job_name"]: j for j in yaml.safe_load((out / "prometheus.yml").read_text())["scrape_configs"]}
+    assert "authorization" not in jobs["gpufleet_vllm"]
+
+
+def test_refuses_a_node_with_another_key(ansible_env, setup):
+    tmp_path, out, extra = setup
+    inventory = yaml.safe_load((tmp_path / "hosts.yml").read_text())
+    nodes = inventory["all"]["children"]["gpu_nodes"]["hosts"]
+    nodes["node-3"]["llamacpp_server_api_key"] = "another-key"
+    nodes["node-4"]["llamacpp_server_api_key"] = "not-scraped-so-not-checked"
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    proc = play(ansible_env, tmp_path, extra, {"vllm_server_api_key": "fleet-key"})
+    assert proc.returncode != 0
+    assert "these nodes' key differs: node-3." in proc.stdout, proc.explain()
+    assert "another-key" not in proc.stdout
+    assert not out.exists()

@@ -10,6 +10,7 @@ import base64
 import os
 
 import pytest
+from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.node.plugins.module_utils import _files
 from ansible_collections.gpufleet.node.plugins.modules.files import ARGUMENT_SPEC, specs
@@ -156,3 +157,21 @@ def test_specs_apply_the_defaults_and_decode_the_rendered_text():
     ]
     # no file's text in the node's journal (AnsibleModule logs its arguments)
     assert ARGUMENT_SPEC["rendered"]["no_log"] is True
+
+
+# --- the filter that builds a files list from paths (the node's Ansible has no community.general) ---
+
+
+def test_file_entries_from_one_list_and_from_pairs():
+    from ansible_collections.gpufleet.node.plugins.filter.file_entries import file_entries
+
+    assert file_entries(["/a.d/x.conf", "/b.d/x.conf"], "dest", src="x.j2") == [
+        {"dest": "/a.d/x.conf", "src": "x.j2"},
+        {"dest": "/b.d/x.conf", "src": "x.j2"},
+    ]
+    assert file_entries(zip(["s1", "s2"], ["d1", "d2"], strict=True), ["file", "dest"]) == [
+        {"file": "s1", "dest": "d1"},
+        {"file": "s2", "dest": "d2"},
+    ]
+    with pytest.raises(AnsibleFilterError, match=r"has 1 value\(s\) for the 2 key\(s\)"):
+        file_entries([["only"]], ["file", "dest"])

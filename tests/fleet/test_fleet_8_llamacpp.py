@@ -6,7 +6,8 @@ served by the REAL llama.cpp ``llama-server`` behind the lab's HAProxy, after si
 served by llama.cpp with the plan's layers and split, its choice recorded in the gate's marker;
 the other nodes of the fleet keep vLLM. Runs on the session fleet's heterogeneous nodes
 (``GPUFLEET_FLEET_PROFILES`` including ``a6000-4090-hetero``); skipped, saying so, without one.
-One converged fleet, read many ways: no playbook run of its own.
+One converged fleet, read many ways; one short run of its own: the acceptance load test against
+llama-server (its port and its key).
 """
 
 from __future__ import annotations
@@ -95,15 +96,18 @@ def test_heterogeneous_node_serves_with_llamacpp_behind_haproxy(converged, heter
     assert (pool[node]["op_state"], pool[node]["state"]) == ("running", "ready"), pool
     frontend = converged.status()["balancer"]["frontend"]
     body = json.dumps({"model": LAB_MODEL, "prompt": "hello the world", "max_tokens": 4, "stream": True})
-    streamed = 0
-    for _ in range(2 * sum(1 for s in pool.values() if s.get("op_state") == "running")):
-        # every server of the pool (vLLM and llama.cpp) asks for the same key: without it, 401
+    running = sum(1 for s in pool.values() if s.get("op_state") == "running")
+    # every server of the pool (vLLM and llama.cpp) asks for the same key: without it, 401 (as many
+    # requests as servers, so that the keyed ones below still reach each server in turn)
+    for _ in range(running):
         bare = urllib.request.Request(
             f"http://{frontend}/v1/completions", data=body.encode(), headers={"Content-Type": "application/json"}
         )
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(bare, timeout=60).close()
         assert refused.value.code == 401
+    streamed = 0
+    for _ in range(2 * running):
         req = urllib.request.Request(
             f"http://{frontend}/v1/completions",
             data=body.encode(),
@@ -116,6 +120,26 @@ def test_heterogeneous_node_serves_with_llamacpp_behind_haproxy(converged, heter
     assert streamed >= 1
     metrics = converged.sh(node, f"curl -sf -H 'Authorization: Bearer {key}' http://127.0.0.1:8000/metrics")
     assert re.search(r"^llamacpp:prompt_tokens_total [1-9]", metrics, re.M), metrics
+
+
+def test_acceptance_load_test_reaches_llamacpp_with_its_key(converged, hetero):
+    """The acceptance load test streams from the node's llama-server (its port, its key: a missing
+    key would be 401s, an error rate above the limit of 0)."""
+    run = converged.site(
+        "--tags",
+        "acceptance",
+        limit=hetero,
+        extra_vars=[
+            "gpufleet_acceptance_load_test=true",
+            "gpufleet_acceptance_duration=2",
+            "gpufleet_acceptance_concurrency=2",
+            "gpufleet_acceptance_max_ttft_p95_seconds=60",
+        ],
+        label=f"site.yml --limit {hetero} --tags acceptance (llama.cpp)",
+    )
+    assert run.rc == 0 and run.recap[hetero]["failed"] == 0, run.explain()
+    step = re.search(r"^TASK \[Acceptance load test\].*?\n(?=\S)(.*?)(?=^TASK |^PLAY RECAP)", run.output, re.M | re.S)
+    assert step and re.search(rf"^ok: \[{hetero}(?: -> [^\]]+)?\]", step[1], re.M), run.explain()
 
 
 @pytest.mark.parametrize("node", UNIFORM or [None], ids=lambda n: n or "none")

@@ -36,12 +36,18 @@ pytestmark = [
 ]
 
 
-def parse(files):
+def parse(files, with_options=False):
+    """One run of vLLM's parser over ``files`` (and its option list first): {file: result}."""
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
-    res = subprocess.run([str(VPY), str(PARSE), *map(str, files)], capture_output=True, text=True, env=env, timeout=600)
-    results = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == len(files), res.stdout + res.stderr
-    return {r["file"]: r for r in results}
+    argv = [str(VPY), str(PARSE), *(["--options"] if with_options else []), *map(str, files)]
+    res = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    lines = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    results = {r["file"]: r for r in lines if "file" in r}
+    assert len(results) == len(files), res.stdout + res.stderr[-3000:]
+    if with_options:
+        (options,) = [r["options"] for r in lines if "options" in r]
+        results["--options"] = options
+    return results
 
 
 def smallest_fitting_count(model, gpu):
@@ -85,9 +91,28 @@ def rendered(tmp_path_factory, request):
     return {name: tmp / name / "config.yaml" for name in hosts}
 
 
-def test_every_rendered_config_parses_with_vllms_parser(rendered):
+@pytest.fixture(scope="module")
+def probes(tmp_path_factory):
+    """Files the parser must reject: each removed setting, and a wrongly typed value."""
+    tmp = tmp_path_factory.mktemp("probes")
+    removed = {}
+    for key in _vllm.REMOVED_SETTINGS:
+        removed[key] = tmp / ("%s.yaml" % key)
+        removed[key].write_text("model: meta-llama/Llama-3.1-8B-Instruct\n%s: 1\n" % key)
+    bad = tmp / "bad.yaml"
+    bad.write_text("model: x\ntensor_parallel_size: four\n")
+    return {"removed": removed, "bad": bad}
+
+
+@pytest.fixture(scope="module")
+def parsed(rendered, probes):
+    """vLLM's parser, imported once for the whole module: its option list and every file."""
+    return parse([*rendered.values(), *probes["removed"].values(), probes["bad"]], with_options=True)
+
+
+def test_every_rendered_config_parses_with_vllms_parser(rendered, parsed):
     assert len(rendered) == len(_kvplan.MODEL_PROFILES) * len(_vllm.HARDWARE_PROFILES)
-    results = parse(list(rendered.values()))
+    results = parsed
     for name, path in rendered.items():
         result = results[str(path)]
         assert result["ok"], "%s: %s" % (name, result["error"])
@@ -100,15 +125,9 @@ def test_every_rendered_config_parses_with_vllms_parser(rendered):
                 assert parsed == value, "%s: %s parsed as %r, rendered %r" % (name, key, parsed, value)
 
 
-def test_removed_settings_are_what_vllms_parser_rejects(tmp_path):
-    files = []
-    for key in _vllm.REMOVED_SETTINGS:
-        path = tmp_path / ("%s.yaml" % key)
-        path.write_text("model: meta-llama/Llama-3.1-8B-Instruct\n%s: 1\n" % key)
-        files.append(path)
-    results = parse(files)
-    for key in _vllm.REMOVED_SETTINGS:
-        result = results[str(tmp_path / ("%s.yaml" % key))]
+def test_removed_settings_are_what_vllms_parser_rejects(probes, parsed):
+    for key, path in probes["removed"].items():
+        result = parsed[str(path)]
         if key == "disable_log_requests":
             # still parsed as the negative of its replacement, --enable-log-requests
             assert "keys not known to the parser: ['disable_log_requests']" in result["error"]
@@ -116,19 +135,14 @@ def test_removed_settings_are_what_vllms_parser_rejects(tmp_path):
             assert not result["ok"] and "unrecognized arguments: --%s" % key.replace("_", "-") in result["error"]
 
 
-def test_the_parser_check_can_fail(tmp_path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("model: x\ntensor_parallel_size: four\n")
-    assert not parse([bad])[str(bad)]["ok"]
+def test_the_parser_check_can_fail(probes, parsed):
+    assert not parsed[str(probes["bad"])]["ok"]
 
 
-def test_the_collections_option_list_is_vllms():
+def test_the_collections_option_list_is_vllms(parsed):
     """_vllm_options.VLLM_SERVE_OPTIONS (what the role accepts in vllm_server_settings) is exactly
     the option set of the pinned release's own parser: regenerate it from `parse_config.py --options`."""
-    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
-    res = subprocess.run([str(VPY), str(PARSE), "--options"], capture_output=True, text=True, env=env, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    real = set(json.loads(res.stdout.strip().splitlines()[-1]))
+    real = set(parsed["--options"])
     assert len(real) > 100
     assert _vllm_options.VLLM_SERVE_OPTIONS_VERSION == _vllm.VLLM_VERSION
     assert (

@@ -25,7 +25,9 @@ if [[ ! -x $repo/.venv/bin/ansible-playbook ]] || ! cmp -s "$repo/requirements.t
   echo "setup: creating the controller venv in .venv"
   python3 -m venv "$repo/.venv"
   "$repo/.venv/bin/pip" install -q --disable-pip-version-check --upgrade pip
-  "$repo/.venv/bin/pip" install -q --disable-pip-version-check -r "$repo/requirements.txt"
+  # --no-compile: pip would byte-compile every file of the `ansible` package's ~90 collections
+  # (about two thirds of the install's time); Python compiles the few that are imported on use.
+  "$repo/.venv/bin/pip" install -q --disable-pip-version-check --no-compile -r "$repo/requirements.txt"
   cp "$repo/requirements.txt" "$repo/.venv/.requirements"
 fi
 # ansible.cfg names Mitogen's strategy plugins by this link (the venv's site-packages path depends

@@ -12,30 +12,41 @@ failed=()
 # runs on the same machine (and fresh clones there) reuse it. setup.sh builds it when missing.
 export GPUFLEET_VLLM_VENV=${GPUFLEET_VLLM_VENV:-$HOME/.cache/gpufleet/vllm-parser-venv-0.33.0}
 bash tests/vllm_parser/setup.sh || failed+=("vllm-parser venv")
-echo "== ruff (ruff.toml)"
-python_dirs=(plugins roles lab tests benchmarks)
-ruff check --no-cache "${python_dirs[@]}" || failed+=("ruff check")
-ruff format --check --no-cache "${python_dirs[@]}" || failed+=("ruff format")
-echo "== ansible-lint (production profile)"
-ansible-lint --profile production --nocolor || failed+=(ansible-lint)
-echo "== ansible-test sanity"
-bash tests/sanity/run.sh || failed+=("ansible-test sanity")
-echo "== pytest"
-# Two pytest processes side by side, one per core: the tests that boot labs (marker needs_lab: the
-# session's lab and the modules with labs of their own, whose playbook runs wait on the nodes as
-# much as they compute) and everything else. (pytest-xdist's loadgroup cannot keep the session
-# lab's tests on one worker under pytest 9.) Exit status 5 is "nothing selected" for one half.
+# Two lanes side by side, one per core; the second's output is printed after the first's. The
+# tests that boot labs (marker needs_lab: the session's lab and the modules with labs of their own,
+# whose playbook runs wait on the nodes as much as they compute) start at once; the other lane runs
+# the static checks (ruff, ansible-lint, ansible-test sanity), then every other test. (pytest-xdist's
+# loadgroup cannot keep the session lab's tests on one worker under pytest 9.) pytest's exit status
+# 5 is "nothing selected" for one lane.
+static_and_rest() {
+  local rc=0
+  echo "== ruff (ruff.toml)"
+  local python_dirs=(plugins roles lab tests benchmarks)
+  ruff check --no-cache "${python_dirs[@]}" || rc=1
+  ruff format --check --no-cache "${python_dirs[@]}" || rc=1
+  echo "== ansible-lint (production profile)"
+  ansible-lint --profile production --nocolor || rc=1
+  echo "== ansible-test sanity"
+  bash tests/sanity/run.sh || rc=1
+  echo "== pytest, the tests that boot no lab"
+  python -m pytest -p no:cacheprovider --durations=20 -m "not needs_lab" "$@"
+  local pytest_rc=$?
+  echo "== exit: static checks $rc, pytest $pytest_rc"
+  return $((rc ? 64 : pytest_rc))
+}
 rest_log=$(mktemp)
-python -m pytest -p no:cacheprovider -m "not needs_lab" "$@" >"$rest_log" 2>&1 &
+static_and_rest "$@" >"$rest_log" 2>&1 &
 rest=$!
-python -m pytest -p no:cacheprovider -m needs_lab "$@"
+echo "== pytest, the tests that boot labs"
+python -m pytest -p no:cacheprovider --durations=20 -m needs_lab "$@"
 labs_rc=$?
 wait "$rest"
 rest_rc=$?
-echo "== pytest, the tests that boot no lab"
 cat "$rest_log"
 rm -f "$rest_log"
-if ((labs_rc == 5 && rest_rc == 5)); then
+if ((rest_rc == 64)); then
+  failed+=("static checks (ruff, ansible-lint or sanity: see above)")
+elif ((labs_rc == 5 && rest_rc == 5)); then
   failed+=("pytest (no test selected)")
 else
   ((labs_rc == 0 || labs_rc == 5)) || failed+=("pytest (labs)")

@@ -30,6 +30,7 @@ This is not a test: it is heavy (minutes), run it on demand, as root, on an othe
 from __future__ import annotations
 
 import argparse
+import configparser
 import json
 import os
 import re
@@ -116,6 +117,13 @@ def _children_cpu():
     return ru.ru_utime + ru.ru_stime
 
 
+def _configured_callbacks():
+    config = configparser.ConfigParser()
+    config.read(REPO / "ansible.cfg")
+    listed = config.get("defaults", "callbacks_enabled", fallback="")
+    return [name.strip() for name in listed.split(",") if name.strip()]
+
+
 def playbook(state, forks, *args):
     runs_log = state / "module-runs.log"
     runs_log.unlink(missing_ok=True)
@@ -126,7 +134,10 @@ def playbook(state, forks, *args):
             "PATH": f"{VENV_BIN}:{env.get('PATH', '')}",
             "ANSIBLE_NOCOLOR": "1",
             "ANSIBLE_FORKS": str(forks),
-            "ANSIBLE_CALLBACKS_ENABLED": "gpufleet.node.drift,ansible.posix.profile_tasks,module_runs",
+            # the repository's callbacks (ansible.cfg) and the benchmark's two
+            "ANSIBLE_CALLBACKS_ENABLED": ",".join(
+                [*_configured_callbacks(), "ansible.posix.profile_tasks", "module_runs"]
+            ),
             "ANSIBLE_CALLBACK_PLUGINS": str(CALLBACKS),
             "BENCH_MODULE_RUNS_LOG": str(runs_log),
             "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "all",

@@ -43,6 +43,5 @@ class CallbackModule(CallbackBase):
     CALLBACK_NEEDS_ENABLED = True
 
     def v2_playbook_on_start(self, playbook):
-        for _ in list_collection_dirs():
-            pass
+        list(list_collection_dirs())  # a generator: the scan happens as it is consumed
         filter_loader.get("gpufleet.node.env_value")  # loads all of the collection's filter files

@@ -101,6 +101,10 @@ def test_reboot_with_the_boot_units(fleet, converged):
     assert f"ExecStart={RUNTIME}/venv/bin/ansible-playbook gpufleet.node.validate\n" in unit, unit
     assert "2.19.14" in fleet.sh(node, f"{RUNTIME}/venv/bin/ansible-playbook --version | head -1")
     assert host.file(f"{RUNTIME}/collections/ansible_collections/gpufleet/node/playbooks/validate.yml").exists
+    # under Mitogen, from the venv's own copy (ansible-playbook refuses a strategy it cannot find)
+    cfg = host.file("/etc/gpufleet/validate/ansible.cfg").content_string
+    assert "\nstrategy = mitogen_linear\n" in cfg and f"\nstrategy_plugins = {RUNTIME}/venv/mitogen-strategy\n" in cfg
+    assert host.file(f"{RUNTIME}/venv/mitogen-strategy/mitogen_linear.py").exists
 
     t0 = time.monotonic()
     fleet.reboot(node)

@@ -81,6 +81,9 @@ def test_installs_a_node_local_run_idempotently(ansible_env, tmp_path):
     assert SECRET not in inventory.read_text()
     cfg = (vdir / "ansible.cfg").read_text()
     assert f"inventory = {inventory}\n" in cfg and f"collections_path = {REPO / '.collections'}\n" in cfg
+    # the operator's own ansible-playbook may lack Mitogen: the stock strategy
+    assert "\nstrategy = linear\n" in cfg and "strategy_plugins" not in cfg
+    assert "\ncallbacks_enabled = gpufleet.node.mitogen_prefork\n" in cfg
 
     unit = (root / "etc/systemd/system/gpufleet-validate.service").read_text()
     for line in (

@@ -61,7 +61,7 @@ def test_installs_a_node_local_run_idempotently(ansible_env, tmp_path):
     bin_ = fake_ansible_playbook(tmp_path)
     rc, result = play(ansible_env, root, bin_, **NODE_VARS)
     assert rc == 0, result
-    assert result["stats"]["localhost"]["changed"] == 2  # directories; inventory, ansible.cfg and unit
+    assert result["stats"]["localhost"]["changed"] == 1  # one files task: directories, inventory, ansible.cfg, unit
 
     vdir = root / "etc/gpufleet/validate"
     assert stat.S_IMODE(vdir.stat().st_mode) == 0o700
@@ -175,10 +175,10 @@ def test_a_current_runtime_costs_one_read_and_a_stale_one_is_drift(ansible_env, 
     rc, result = play(ansible_env, root, "", **installed, **NODE_VARS)
     assert rc == 0, result
     tasks = _tasks(result)
-    assert len(tasks) <= 7, list(tasks)  # the argument spec, the read, the skipped include, files, unit
+    assert len(tasks) <= 6, list(tasks)  # the argument spec, the read, the skipped include, files, unit
     assert tasks["Read the record of the runtime the node has"].get("skipped") is not True
     assert all(not name.startswith(("Build", "Copy", "Install ansible-core")) for name in tasks), list(tasks)
-    assert result["stats"]["localhost"]["changed"] == 2  # the node-local files, written the first time
+    assert result["stats"]["localhost"]["changed"] == 1  # the node-local files, written the first time
 
     # the controller's collection changed: the node's record is stale, check mode reports it
     record.write_text(json.dumps(dict(runtime, collection="0" * 64), sort_keys=True) + "\n")

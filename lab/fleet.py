@@ -366,9 +366,7 @@ class Fleet:
             t0 = time.monotonic()
             old = m.boot_id()
             m.stop()
-            m.power_cycle_firmware()
-            m.start()
-            m.wait_ready(time.monotonic() + timeout)
+            self._power_on(m, timeout)
             log(f"lab reboot: {name} is back in {time.monotonic() - t0:.1f} s (boot_id {old} -> {m.boot_id()})")
 
     def stop_node(self, name, log=print):
@@ -383,11 +381,18 @@ class Fleet:
         preflight.require_root()
         with self.locked("start"):
             m = self.machine(name)
-            if not m.pid():
-                m.power_cycle_firmware()
-                m.start()
-            m.wait_ready(time.monotonic() + timeout)
+            if m.pid():
+                m.wait_ready(time.monotonic() + timeout)
+            else:
+                self._power_on(m, timeout)
             log(f"lab start: {name} is up")
+
+    @staticmethod
+    def _power_on(m, timeout):
+        """Boot a powered-off node from its firmware, and wait until it is ready."""
+        m.power_cycle_firmware()
+        m.start()
+        m.wait_ready(time.monotonic() + timeout)
 
     def balancer_ctl(self, action, log=print):
         preflight.require_root()

@@ -11,11 +11,9 @@ machine without NVSwitches.
 
 from __future__ import annotations
 
-import signal
 import sys
-import time
 
-from lab.hwmodel import Node
+from lab.standins._daemon import load_node, serve, stop_flag
 
 NO_SWITCH = (
     "NVIDIA Fabric Manager: no NVSwitch devices found; this system does not need the fabric manager (lab stand-in)\n"
@@ -23,27 +21,21 @@ NO_SWITCH = (
 
 
 def main(argv=None):
-    try:
-        node = Node.load()
-    except RuntimeError as exc:
-        sys.stderr.write("nv-fabricmanager (lab): %s\n" % exc)
+    node = load_node("nv-fabricmanager")
+    if node is None:
         return 1
     if node.fabric_manager_active() is None:
         sys.stderr.write(NO_SWITCH)
         return 1
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
+    stopping = stop_flag()
     node.set_fabric_manager(True)
-    sys.stdout.write(
-        "Successfully configured all the available NVSwitches to route GPU NVLink traffic. "
-        "NVLink Peer-to-Peer support will be enabled once the GPUs are successfully registered "
-        "with the NVLink fabric.\n"
-    )
-    sys.stdout.flush()
     try:
-        while not stopping:
-            time.sleep(0.5)
+        serve(
+            stopping,
+            "Successfully configured all the available NVSwitches to route GPU NVLink traffic. "
+            "NVLink Peer-to-Peer support will be enabled once the GPUs are successfully registered "
+            "with the NVLink fabric.\n",
+        )
     finally:
         node.set_fabric_manager(False)
     return 0

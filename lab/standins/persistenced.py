@@ -10,26 +10,17 @@ foreground until stopped (SIGTERM, `systemctl stop`), then exits 0.
 
 from __future__ import annotations
 
-import signal
 import sys
-import time
 
-from lab.hwmodel import Node
+from lab.standins._daemon import load_node, serve, stop_flag
 
 
 def main(argv=None):
-    try:
-        node = Node.load()
-    except RuntimeError as exc:
-        sys.stderr.write("nvidia-persistenced (lab): %s\n" % exc)
+    node = load_node("nvidia-persistenced")
+    if node is None:
         return 1
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
-    sys.stdout.write("nvidia-persistenced (lab): persistence mode enabled on %d GPUs\n" % len(node.gpus))
-    sys.stdout.flush()
-    while not stopping:
-        time.sleep(0.5)
+    stopping = stop_flag()
+    serve(stopping, "nvidia-persistenced (lab): persistence mode enabled on %d GPUs\n" % len(node.gpus))
     return 0
 
 

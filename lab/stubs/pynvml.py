@@ -366,16 +366,18 @@ def nvmlDeviceGetIndex(handle):
     return handle.index
 
 
-def nvmlDeviceGetName(handle):
-    return _gpu(handle).name
+def _gpu_attribute(name):
+    """An NVML getter ``f(handle)`` that returns the GPU model's attribute ``name``."""
+
+    def getter(handle):
+        return getattr(_gpu(handle), name)
+
+    return getter
 
 
-def nvmlDeviceGetUUID(handle):
-    return _gpu(handle).uuid
-
-
-def nvmlDeviceGetSerial(handle):
-    return _gpu(handle).serial
+nvmlDeviceGetName = _gpu_attribute("name")
+nvmlDeviceGetUUID = _gpu_attribute("uuid")
+nvmlDeviceGetSerial = _gpu_attribute("serial")
 
 
 def nvmlDeviceGetPciInfo(handle):
@@ -390,20 +392,10 @@ def nvmlDeviceGetMemoryInfo(handle, version=None):
     return c_nvmlMemory_t(_gpu(handle).memory_total_mib * 1024 * 1024, 0)
 
 
-def nvmlDeviceGetCurrPcieLinkGeneration(handle):
-    return _gpu(handle).gen_current
-
-
-def nvmlDeviceGetMaxPcieLinkGeneration(handle):
-    return _gpu(handle).gen_max
-
-
-def nvmlDeviceGetCurrPcieLinkWidth(handle):
-    return _gpu(handle).width_current
-
-
-def nvmlDeviceGetMaxPcieLinkWidth(handle):
-    return _gpu(handle).width_max
+nvmlDeviceGetCurrPcieLinkGeneration = _gpu_attribute("gen_current")
+nvmlDeviceGetMaxPcieLinkGeneration = _gpu_attribute("gen_max")
+nvmlDeviceGetCurrPcieLinkWidth = _gpu_attribute("width_current")
+nvmlDeviceGetMaxPcieLinkWidth = _gpu_attribute("width_max")
 
 
 def nvmlDeviceGetCudaComputeCapability(handle):
@@ -502,31 +494,30 @@ def nvmlDeviceGetEccMode(handle):
     return [NVML_FEATURE_ENABLED, NVML_FEATURE_ENABLED]
 
 
-def _ecc_counts(handle, counterType):
+def _ecc_counts(handle, errorType, counterType):
+    """``(counts, kind)``: the GPU's ECC counts of ``counterType`` and the key suffix of
+    ``errorType`` (correctable or uncorrectable)."""
     if counterType == NVML_VOLATILE_ECC:
-        return _health(handle)["ecc"]["volatile"]
-    if counterType == NVML_AGGREGATE_ECC:
-        return _health(handle)["ecc"]["aggregate"]
-    raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-
-
-def nvmlDeviceGetTotalEccErrors(handle, errorType, counterType):
-    counts = _ecc_counts(handle, counterType)
+        counts = _health(handle)["ecc"]["volatile"]
+    elif counterType == NVML_AGGREGATE_ECC:
+        counts = _health(handle)["ecc"]["aggregate"]
+    else:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
     kind = {NVML_MEMORY_ERROR_TYPE_CORRECTED: "correctable", NVML_MEMORY_ERROR_TYPE_UNCORRECTED: "uncorrectable"}.get(
         errorType
     )
     if kind is None:
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return counts, kind
+
+
+def nvmlDeviceGetTotalEccErrors(handle, errorType, counterType):
+    counts, kind = _ecc_counts(handle, errorType, counterType)
     return counts["sram_" + kind] + counts["dram_" + kind]
 
 
 def nvmlDeviceGetMemoryErrorCounter(handle, errorType, counterType, locationType):
-    counts = _ecc_counts(handle, counterType)
-    kind = {NVML_MEMORY_ERROR_TYPE_CORRECTED: "correctable", NVML_MEMORY_ERROR_TYPE_UNCORRECTED: "uncorrectable"}.get(
-        errorType
-    )
-    if kind is None:
-        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    counts, kind = _ecc_counts(handle, errorType, counterType)
     if locationType == NVML_MEMORY_LOCATION_DRAM:
         return counts["dram_" + kind]
     if locationType == NVML_MEMORY_LOCATION_SRAM:

@@ -38,26 +38,24 @@ def parse_mode(mode):
         raise FilesError(f"mode {mode!r} is not an octal mode such as '0644'") from None
 
 
-def _uid(owner):
-    if owner is None or owner == "":
+def _account_id(name, lookup, what, kind):
+    """The numeric id of ``name`` (a name or digits) by ``lookup``; -1 (leave as is) when unset."""
+    if name is None or name == "":
         return -1
-    if str(owner).isdigit():
-        return int(owner)
+    if str(name).isdigit():
+        return int(name)
     try:
-        return pwd.getpwnam(owner).pw_uid
+        return lookup(name)
     except KeyError:
-        raise FilesError(f"owner {owner!r} does not exist on this host: create the user first") from None
+        raise FilesError(f"{what} {name!r} does not exist on this host: create the {kind} first") from None
+
+
+def _uid(owner):
+    return _account_id(owner, lambda name: pwd.getpwnam(name).pw_uid, "owner", "user")
 
 
 def _gid(group):
-    if group is None or group == "":
-        return -1
-    if str(group).isdigit():
-        return int(group)
-    try:
-        return grp.getgrnam(group).gr_gid
-    except KeyError:
-        raise FilesError(f"group {group!r} does not exist on this host: create the group first") from None
+    return _account_id(group, lambda name: grp.getgrnam(name).gr_gid, "group", "group")
 
 
 def _attrs(st):

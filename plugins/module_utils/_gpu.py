@@ -409,6 +409,10 @@ def _gpu_name(gpu):
     return "%s (%s, %s)" % (label(gpu["index"]), gpu["pci_bus_id"], gpu["name"])
 
 
+def _violation(check, gpus, bridges, message):
+    return {"check": check, "gpus": gpus, "bridges": bridges, "message": message}
+
+
 def evaluate(facts, expect):
     """Violations of ``expect`` (gpu_count, min_pcie_gen, min_pcie_width, p2p_all_pairs,
     nvlink_required): each ``{'check', 'gpus', 'bridges', 'message'}``."""
@@ -424,36 +428,39 @@ def evaluate(facts, expect):
         message = "%d GPU(s) visible to the NVIDIA driver, expected %d" % (len(gpus), wanted)
         if others:
             message += "; NVIDIA GPUs in the PCI tree the driver does not manage: %s" % ", ".join(others)
-        violations.append({"check": "gpu_count", "gpus": [], "bridges": [], "message": message})
+        violations.append(_violation("gpu_count", [], [], message))
 
-    min_width = expect.get("min_pcie_width")
-    min_gen = expect.get("min_pcie_gen")
+    # (check, the link field judged, its minimum, message); the current generation drops while a
+    # GPU idles, so the generation judged is the negotiated maximum.
+    link_rules = [
+        (
+            "pcie_width",
+            "width_current",
+            expect.get("min_pcie_width"),
+            "%(gpu)s PCIe link trained to x%(value)s%(where)s, expected at least x%(minimum)d (the GPU can do "
+            "x%(width_max)s): reseat the card, check the slot, riser and BIOS lane settings",
+        ),
+        (
+            "pcie_gen",
+            "gen_max",
+            expect.get("min_pcie_gen"),
+            "%(gpu)s PCIe link can reach Gen%(value)s at most%(where)s, expected Gen%(minimum)d: check the slot "
+            "and the BIOS PCIe speed setting",
+        ),
+    ]
     for gpu in gpus:
-        pcie = gpu["pcie"]
         port = gpu.get("upstream_port")
-        where = " below port %s" % port if port else ""
-        if min_width is not None and (pcie["width_current"] is None or pcie["width_current"] < min_width):
-            violations.append(
-                {
-                    "check": "pcie_width",
-                    "gpus": [label(gpu["index"])],
-                    "bridges": [port] if port else [],
-                    "message": "%s PCIe link trained to x%s%s, expected at least x%d (the GPU can do x%s): "
-                    "reseat the card, check the slot, riser and BIOS lane settings"
-                    % (_gpu_name(gpu), pcie["width_current"], where, min_width, pcie["width_max"]),
+        for check, field, minimum, text in link_rules:
+            value = gpu["pcie"][field] if minimum is not None else None
+            if minimum is not None and (value is None or value < minimum):
+                message = text % {
+                    "gpu": _gpu_name(gpu),
+                    "value": value,
+                    "where": " below port %s" % port if port else "",
+                    "minimum": minimum,
+                    "width_max": gpu["pcie"]["width_max"],
                 }
-            )
-        # The current generation drops while a GPU idles; judge the negotiated maximum.
-        if min_gen is not None and (pcie["gen_max"] is None or pcie["gen_max"] < min_gen):
-            violations.append(
-                {
-                    "check": "pcie_gen",
-                    "gpus": [label(gpu["index"])],
-                    "bridges": [port] if port else [],
-                    "message": "%s PCIe link can reach Gen%s at most%s, expected Gen%d: check the slot and "
-                    "the BIOS PCIe speed setting" % (_gpu_name(gpu), pcie["gen_max"], where, min_gen),
-                }
-            )
+                violations.append(_violation(check, [label(gpu["index"])], [port] if port else [], message))
 
     if expect.get("p2p_all_pairs"):
         for a, b in facts["summary"]["p2p_pairs_not_ok"]:
@@ -478,29 +485,19 @@ def evaluate(facts, expect):
                 )
             elif redirect is not None and crossed:
                 message += "; no bridge on that path redirects (ACS), so the platform or the driver refuses peer access"
-            violations.append({"check": "p2p", "gpus": [a, b], "bridges": redirect or crossed, "message": message})
+            violations.append(_violation("p2p", [a, b], redirect or crossed, message))
 
     if expect.get("nvlink_required"):
         for gpu in gpus:
             if not gpu["nvlinks"]:
                 violations.append(
-                    {
-                        "check": "nvlink",
-                        "gpus": [label(gpu["index"])],
-                        "bridges": [],
-                        "message": "%s has no active NVLink" % _gpu_name(gpu),
-                    }
+                    _violation("nvlink", [label(gpu["index"])], [], "%s has no active NVLink" % _gpu_name(gpu))
                 )
         for a, b in _pairs(labels):
             link = facts["links"][a][b]
             if not link.startswith("NV"):
                 violations.append(
-                    {
-                        "check": "nvlink",
-                        "gpus": [a, b],
-                        "bridges": [],
-                        "message": "no NVLink between %s and %s (they talk over %s)" % (a, b, link),
-                    }
+                    _violation("nvlink", [a, b], [], "no NVLink between %s and %s (they talk over %s)" % (a, b, link))
                 )
     return violations
 

@@ -554,6 +554,16 @@ def check(name, status, gpus, reason, action=NONE):
     }
 
 
+def _judged(name, fails, failed, warns, warned, fail_action, pass_reason, fail_prefix=""):
+    """FAIL (naming the warnings too) when there are ``fails``, else WARN (INSPECT) when there are
+    ``warns``, else PASS with ``pass_reason``."""
+    if fails:
+        return check(name, FAIL, failed + warned, fail_prefix + "; ".join(fails + warns), fail_action)
+    if warns:
+        return check(name, WARN, warned, "; ".join(warns), INSPECT)
+    return check(name, PASS, [], pass_reason)
+
+
 def _worst(verdicts):
     """The worst (status, action) of ``[(status, action)]``; pass/none when empty."""
     status, action = PASS, NONE
@@ -778,14 +788,13 @@ def check_nvlink(gpus, thresholds, expected_speed=None):
                 warned_gpus.append(gpu["bus_id"])
     if len(counts) > 1:
         fails.append("GPUs report different NVLink counts (%s)" % ", ".join(str(c) for c in sorted(counts)))
-    if fails:
-        return check("nvlink", FAIL, failed_gpus + warned_gpus, "; ".join(fails + warns), RESET_GPU)
-    if warns:
-        return check("nvlink", WARN, warned_gpus, "; ".join(warns), INSPECT)
-    return check(
+    return _judged(
         "nvlink",
-        PASS,
-        [],
+        fails,
+        failed_gpus,
+        warns,
+        warned_gpus,
+        RESET_GPU,
         "every NVLink of %d GPU(s) active%s" % (len(nvlink_gpus), " at %s GB/s" % expected if expected else ""),
     )
 
@@ -865,21 +874,18 @@ def check_pcie(gpus, pci, busy, thresholds):
         if replays is not None and limit is not None and replays > limit:
             warns.append("%s %d PCIe replays since reset (above %d)" % (gpu["bus_id"], replays, limit))
             warned.append(gpu["bus_id"])
-    if fails:
-        return check(
-            "pcie_link",
-            FAIL,
-            failed + warned,
-            "PCIe link below its maximum under load: %s" % "; ".join(fails + warns),
-            INSPECT,
-        )
-    if warns:
-        return check("pcie_link", WARN, warned, "; ".join(warns), INSPECT)
-    if not busy:
-        return check(
-            "pcie_link", PASS, [], "link widths at their maximum; generations not judged while idle (busy=false)"
-        )
-    return check("pcie_link", PASS, [], "every GPU link at its maximum generation and width under load")
+    return _judged(
+        "pcie_link",
+        fails,
+        failed,
+        warns,
+        warned,
+        INSPECT,
+        "every GPU link at its maximum generation and width under load"
+        if busy
+        else "link widths at their maximum; generations not judged while idle (busy=false)",
+        fail_prefix="PCIe link below its maximum under load: ",
+    )
 
 
 def check_aer(gpus, pci, limit):
@@ -920,14 +926,13 @@ def check_aer(gpus, pci, limit):
                 % (bdf, aer["correctable"], limit, "" if bdf == gpu else " (on the path of %s)" % gpu)
             )
             warned.append(gpu)
-    if fails:
-        return check("pcie_aer", FAIL, failed + warned, "; ".join(fails + warns), INSPECT)
-    if warns:
-        return check("pcie_aer", WARN, warned, "; ".join(warns), INSPECT)
-    return check(
+    return _judged(
         "pcie_aer",
-        PASS,
-        [],
+        fails,
+        failed,
+        warns,
+        warned,
+        INSPECT,
         "no fatal or non-fatal AER error on %d GPU(s) and the bridges above them "
         "(%d report AER counters)" % (len(gpus), reported),
     )

@@ -30,19 +30,25 @@ def read_boot_id(path):
         return f.read().strip()
 
 
-def read_marker(path):
-    """``(marker, problem)``: the marker as a dict and None, or None and why it is unusable
-    (None, None when there is no marker)."""
+def _read_json_object(path, what):
+    """``(data, problem)``: the JSON object at ``path`` as a dict and None, or None and why the
+    ``what`` there is unusable (None, None when there is no file)."""
     try:
         with open(path) as f:
-            marker = json.load(f)
+            data = json.load(f)
     except FileNotFoundError:
         return None, None
     except (OSError, ValueError) as exc:
-        return None, f"unreadable NCCL gate marker at {path}: {exc}"
-    if not isinstance(marker, dict):
-        return None, f"unreadable NCCL gate marker at {path}: not a JSON object"
-    return marker, None
+        return None, f"unreadable {what} at {path}: {exc}"
+    if not isinstance(data, dict):
+        return None, f"unreadable {what} at {path}: not a JSON object"
+    return data, None
+
+
+def read_marker(path):
+    """``(marker, problem)``: the marker as a dict and None, or None and why it is unusable
+    (None, None when there is no marker)."""
+    return _read_json_object(path, "NCCL gate marker")
 
 
 def marker_reasons(marker, problem, boot_id, path):
@@ -65,16 +71,7 @@ def health_path_for(marker_path):
 
 def read_health(path):
     """``(verdict, problem)`` of the GPU health verdict file, as :func:`read_marker`."""
-    try:
-        with open(path) as f:
-            verdict = json.load(f)
-    except FileNotFoundError:
-        return None, None
-    except (OSError, ValueError) as exc:
-        return None, f"unreadable GPU health verdict at {path}: {exc}"
-    if not isinstance(verdict, dict):
-        return None, f"unreadable GPU health verdict at {path}: not a JSON object"
-    return verdict, None
+    return _read_json_object(path, "GPU health verdict")
 
 
 def health_failures(verdict):

@@ -200,6 +200,20 @@ from ansible_collections.gpufleet.node.plugins.module_utils._llamaplan import (
     server_args,
 )
 
+#: The plan's keys returned at the top level of the result.
+RETURNED_KEYS = (
+    "n_gpu_layers",
+    "max_gpu_layers",
+    "n_layers",
+    "tensor_split",
+    "layers_per_gpu",
+    "kv_bytes_total",
+    "per_gpu_bytes",
+    "fits",
+    "reasons",
+    "message",
+)
+
 
 def main():
     module = AnsibleModule(
@@ -229,16 +243,7 @@ def main():
         module.fail_json(msg="llamacpp_memory_plan: %s" % exc)
     module.exit_json(
         changed=False,
-        n_gpu_layers=result["n_gpu_layers"],
-        max_gpu_layers=result["max_gpu_layers"],
-        n_layers=result["n_layers"],
-        tensor_split=result["tensor_split"],
-        layers_per_gpu=result["layers_per_gpu"],
-        kv_bytes_total=result["kv_bytes_total"],
-        per_gpu_bytes=result["per_gpu_bytes"],
-        fits=result["fits"],
-        reasons=result["reasons"],
-        message=result["message"],
+        **{key: result[key] for key in RETURNED_KEYS},
         server_args=server_args(
             result,
             module.params["ctx_size"],

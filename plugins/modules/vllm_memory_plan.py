@@ -250,6 +250,20 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.node.plugins.module_utils._kvplan import KV_CACHE_DTYPES, PlanError, plan
 
+#: The plan's keys returned at the top level of the result.
+RETURNED_KEYS = (
+    "kv_bytes_per_token",
+    "kv_bytes_per_token_per_gpu",
+    "kv_capacity_tokens",
+    "kv_capacity_blocks",
+    "max_concurrency",
+    "max_concurrency_expected",
+    "fits",
+    "reasons",
+    "message",
+    "vllm_error",
+)
+
 
 def main():
     module = AnsibleModule(
@@ -281,20 +295,7 @@ def main():
         result = plan(**params)
     except PlanError as exc:
         module.fail_json(msg="vllm_memory_plan: %s" % exc)
-    module.exit_json(
-        changed=False,
-        kv_bytes_per_token=result["kv_bytes_per_token"],
-        kv_bytes_per_token_per_gpu=result["kv_bytes_per_token_per_gpu"],
-        kv_capacity_tokens=result["kv_capacity_tokens"],
-        kv_capacity_blocks=result["kv_capacity_blocks"],
-        max_concurrency=result["max_concurrency"],
-        max_concurrency_expected=result["max_concurrency_expected"],
-        fits=result["fits"],
-        reasons=result["reasons"],
-        message=result["message"],
-        vllm_error=result["vllm_error"],
-        plan=result,
-    )
+    module.exit_json(changed=False, plan=result, **{key: result[key] for key in RETURNED_KEYS})
 
 
 if __name__ == "__main__":

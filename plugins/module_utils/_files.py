@@ -78,6 +78,25 @@ def _attr_text(attrs, side):
     return "".join(f"{name}: {values[side]}\n" for name, values in sorted(attrs.items()))
 
 
+def _attr_diff(path, attrs):
+    """The diff of the attributes that differ (``_wanted_attrs``) of a file or directory."""
+    header = path + " (attributes)"
+    return {
+        "before_header": header,
+        "after_header": header,
+        "before": _attr_text(attrs, 0),
+        "after": _attr_text(attrs, 1),
+    }
+
+
+def _set_attrs(path, attrs, mode, uid, gid):
+    """Set the attributes that differ (``_wanted_attrs``) on ``path``."""
+    if "mode" in attrs:
+        os.chmod(path, mode)
+    if "owner" in attrs or "group" in attrs:
+        os.chown(path, uid, gid)
+
+
 def ensure_directory(spec, check_mode=False, want_diff=False):
     """Create ``spec['path']`` (and its parents) if missing and set its mode and owner.
     Returns a per-directory record and a diff or None."""
@@ -109,17 +128,8 @@ def ensure_directory(spec, check_mode=False, want_diff=False):
         return record, None
     record.update(changed=True, action="attributes")
     if not check_mode:
-        if "mode" in attrs:
-            os.chmod(path, mode)
-        if "owner" in attrs or "group" in attrs:
-            os.chown(path, uid, gid)
-    diff = {
-        "before_header": path + " (attributes)",
-        "after_header": path + " (attributes)",
-        "before": _attr_text(attrs, 0),
-        "after": _attr_text(attrs, 1),
-    }
-    return record, (diff if want_diff else None)
+        _set_attrs(path, attrs, mode, uid, gid)
+    return record, (_attr_diff(path, attrs) if want_diff else None)
 
 
 def _read(path):
@@ -170,10 +180,7 @@ def write_file(spec, check_mode=False, want_diff=False):
     record.update(changed=True, action=action)
     if not check_mode:
         if action == "attributes":
-            if "mode" in attrs:
-                os.chmod(dest, mode)
-            if "owner" in attrs or "group" in attrs:
-                os.chown(dest, uid, gid)
+            _set_attrs(dest, attrs, mode, uid, gid)
         else:
             # a new file is made with the wanted mode from its first byte (0600 for a secret)
             keep = 0o644 if st is None else stat.S_IMODE(st.st_mode)
@@ -190,14 +197,7 @@ def write_file(spec, check_mode=False, want_diff=False):
             before, after = ("" if st is None else old.decode("utf-8", "replace")), content
         diffs.append({"before_header": dest, "after_header": dest, "before": before, "after": after})
     if attrs:
-        diffs.append(
-            {
-                "before_header": dest + " (attributes)",
-                "after_header": dest + " (attributes)",
-                "before": _attr_text(attrs, 0),
-                "after": _attr_text(attrs, 1),
-            }
-        )
+        diffs.append(_attr_diff(dest, attrs))
     return record, diffs
 
 

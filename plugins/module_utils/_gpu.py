@@ -451,8 +451,10 @@ def evaluate(facts, expect):
     for gpu in gpus:
         port = gpu.get("upstream_port")
         for check, field, minimum, text in link_rules:
-            value = gpu["pcie"][field] if minimum is not None else None
-            if minimum is not None and (value is None or value < minimum):
+            if minimum is None:
+                continue
+            value = gpu["pcie"][field]
+            if value is None or value < minimum:
                 message = text % {
                     "gpu": _gpu_name(gpu),
                     "value": value,

@@ -35,6 +35,7 @@ from . import llamacpp, preflight
 from .balancer import Balancer
 from .machine import HW_IN_NODE, SSH_PORT, Machine, cgroup_pids, remove_cgroup, ssh_keygen
 from .preflight import LabError
+from .private import write_private
 from .prometheus import Prometheus
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,14 +90,6 @@ def plan(nodes=None, profiles=None):
     if not 1 <= count <= 63:
         raise LabError(f"--nodes must be between 1 and 63, not {count}")
     return [(f"node{i + 1}", profiles[i % len(profiles)]) for i in range(count)]
-
-
-def _write_private(path, text):
-    """Write text to path, mode 0600 (also when the file was there before)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        os.fchmod(fd, 0o600)
-        handle.write(text)
 
 
 def node_wheelhouse():
@@ -538,12 +531,12 @@ class Fleet:
         if not path.exists():
             self.state.mkdir(parents=True, exist_ok=True)
             if not self.vault_password_file.exists():
-                _write_private(self.vault_password_file, random.token_urlsafe(32) + "\n")
+                write_private(self.vault_password_file, random.token_urlsafe(32) + "\n")
             values = {
                 "vllm_server_api_key": f"lab-api-key-{random.token_hex(16)}",
                 "vllm_server_hf_token": f"hf_lab{random.token_hex(16)}",
             }
-            _write_private(path, json.dumps(values, indent=2) + "\n")
+            write_private(path, json.dumps(values, indent=2) + "\n")
         return json.loads(path.read_text())
 
     def vault_vars(self):
@@ -582,5 +575,5 @@ class Fleet:
             target.write_text(text)
             # the secrets: group variables of the inventory (any inventory file of that directory)
             (target.parent / VAULT_VARS).parent.mkdir(parents=True, exist_ok=True)
-            _write_private(target.parent / VAULT_VARS, vault_vars)
+            write_private(target.parent / VAULT_VARS, vault_vars)
         return targets[-1]

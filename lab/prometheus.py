@@ -30,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 from .preflight import LabError
+from .private import write_private
 from .procs import starttime as _starttime
 
 REPO = Path(__file__).resolve().parent.parent
@@ -225,10 +226,7 @@ class Prometheus:
         secrets = getattr(self.fleet, "secrets", None)  # a Fleet has them; a bare test double may not
         api_key = secrets().get("vllm_server_api_key") if secrets else None
         if api_key:
-            fd = os.open(self.api_key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(api_key + "\n")
-            os.chmod(self.api_key_file, 0o600)
+            write_private(self.api_key_file, api_key + "\n")
             credentials = self.api_key_file
         balancer = None
         if balancer_spec and balancer_spec.get("exporter_port"):

@@ -19,12 +19,17 @@ import re
 import tarfile
 from collections.abc import Mapping
 
-from ansible.errors import AnsibleFilterError
+import yaml  # ansible-core depends on it
+from ansible.errors import AnsibleError, AnsibleFilterError
+from ansible.parsing.vault import VaultHelper
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Only what a node's run loads from the collection: a change to the tests or the docs of the
 # controller's checkout does not reinstall the collection on every node.
 _RUNTIME_TOP = ("meta/", "plugins/", "playbooks/", "roles/")
+# A secret this long is looked for inside exported strings; a shorter one only as a whole value (a
+# two-letter key would otherwise match half the inventory).
+_SECRET_SUBSTRING_MIN = 6
 
 
 def _is_task_result(value):
@@ -118,6 +123,112 @@ def boot_validation_vars(host_vars, contract, overrides=None):
     return dict(sorted(out.items()))
 
 
+def boot_validation_secret_names(roles_dir):
+    """The options the roles' argument specs mark ``no_log`` (every secret a role takes), sorted:
+    their values are looked for in what the node's inventory would carry."""
+    names = set()
+    for role in sorted(os.listdir(str(roles_dir))):
+        path = os.path.join(str(roles_dir), role, "meta", "argument_specs.yml")
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                specs = (yaml.safe_load(f) or {}).get("argument_specs") or {}
+            for entry in specs.values():
+                names.update(n for n, o in (entry.get("options") or {}).items() if (o or {}).get("no_log"))
+    return sorted(names)
+
+
+class _Data(dict):
+    """A mapping the node's Ansible must take as data: written with YAML's ``!unsafe`` tag, under
+    which ansible-core takes every string as data, never a template, at any depth (keys too), and
+    keeps each scalar's type (``!unsafe`` on a scalar would re-resolve it: ``'0'`` became 0)."""
+
+
+class _NodeInventoryDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, writing a :class:`_Data` mapping as ``!unsafe``."""
+
+
+_NodeInventoryDumper.add_representer(_Data, lambda dumper, data: dumper.represent_mapping("!unsafe", dict(data)))
+
+
+def _as_data(where, value, secrets):
+    """``value`` as plain YAML data (str, int, float, bool, None, lists and dicts of them).
+
+    A vaulted value, or one that holds a secret's plain text (a value built from a secret), is
+    refused by name: the node has no vault password, and whoever reads --diff reads the node
+    inventory."""
+    if VaultHelper.get_ciphertext(value, with_tags=False) is not None:
+        raise AnsibleFilterError(
+            "boot_validation: %s is vaulted: the node's own run has no vault password. Keep secrets out of "
+            "the variables roles/*/meta/node_run.yml declares (a role reads its own from the node's 0600 "
+            "files), or give the node's run a plain value in boot_validation_extra_vars" % where
+        )
+    if isinstance(value, str):
+        if any(secret == value or (len(secret) >= _SECRET_SUBSTRING_MIN and secret in value) for secret in secrets):
+            raise AnsibleFilterError(
+                "boot_validation: %s holds the value of a secret (a variable an argument spec marks no_log): "
+                "the node inventory carries no secret. Build it on the node from the role's 0600 files "
+                "instead, or leave it out of the node's run" % where
+            )
+        return str(value)
+    if value is None:
+        return None
+    for kind in (bool, int, float):  # Ansible's own subclasses (tagged values) as the plain types
+        if isinstance(value, kind):
+            return kind(value)
+    if isinstance(value, Mapping):
+        return {
+            _as_data("%s (a key)" % where, key, secrets): _as_data("%s.%s" % (where, key), item, secrets)
+            for key, item in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [_as_data("%s[%d]" % (where, i), item, secrets) for i, item in enumerate(value)]
+    raise AnsibleFilterError(
+        "boot_validation: %s is a %s, which the node inventory cannot carry (strings, numbers, booleans, "
+        "null, lists and mappings)" % (where, type(value).__name__)
+    )
+
+
+def boot_validation_inventory(host_vars, host, contract, overrides=None, secret_names=()):
+    """The node-local inventory's YAML text: ``host`` alone, with :func:`boot_validation_vars`.
+
+    Data, never templates: ansible-core renders the strings of an inventory file as templates, and
+    what site.yml exports comes partly from outside (a GGUF header's model name in the serving
+    plan's reasons, command output, HTTP answers). So the host's variables are one ``!unsafe``
+    mapping (:class:`_Data`), and the only templates in the file are the expressions this
+    collection writes itself to read a secret on the node (``from_node_files``), as the group's
+    variables. ``secret_names`` (boot_validation_secret_names): the variables whose values, where
+    this host sets them, must not be in any exported value."""
+    node_vars = boot_validation_vars(host_vars, contract, overrides)
+    bad = sorted(str(name) for name in node_vars if not _NAME.match(str(name)))
+    if bad:
+        raise AnsibleFilterError(
+            "boot_validation_extra_vars: %s is not a variable name (letters, digits and _)" % ", ".join(map(repr, bad))
+        )
+    expressions = contract.get("from_node_files") or {}
+    secrets = set()
+    for name in sorted(set(secret_names) | set(expressions)):
+        try:
+            value = host_vars[name] if name in host_vars else None
+        except AnsibleError:
+            continue  # a secret that cannot be rendered here cannot be in a value that can
+        if isinstance(value, str) and value:
+            secrets.add(str(value))
+    data = _Data(
+        (str(name), _as_data(name, value, secrets)) for name, value in node_vars.items() if name not in expressions
+    )
+    group = {"hosts": {str(host): data}}
+    if expressions:
+        group["vars"] = {str(name): str(node_vars[name]) for name in expressions}
+    return yaml.dump(
+        {"all": {"children": {"gpu_nodes": group}}},
+        Dumper=_NodeInventoryDumper,
+        default_flow_style=False,
+        sort_keys=True,
+        allow_unicode=True,
+        width=float("inf"),
+    )
+
+
 def boot_validation_env_file_value(path, key):
     """``KEY``'s value in an env file on this machine (the node, in the node's own run); '' when
     the file or the key is missing. The roles write such files with plain ``KEY=value`` lines
@@ -197,8 +308,6 @@ def _tree_digest(src):
     tree ``src`` (with its galaxy.yml), without building it: the runtime files it would ship, with
     galaxy.yml's build_ignore and galaxy's own exclusions honoured (symlinked directories are not
     followed, as galaxy does not list their files)."""
-    import yaml  # ansible-core depends on it
-
     src = str(src)
     try:
         with open(os.path.join(src, "galaxy.yml"), encoding="utf-8") as f:
@@ -314,8 +423,6 @@ def boot_validation_stale(record, runtime):
 
 def boot_validation_declarations(roles_dir):
     """``{role: parsed meta/node_run.yml}`` for every role under ``roles_dir`` (on the controller)."""
-    import yaml  # ansible-core depends on it
-
     out = {}
     if not os.path.isdir(str(roles_dir)):
         raise AnsibleFilterError("boot_validation_declarations: no roles directory at %s" % roles_dir)
@@ -331,6 +438,8 @@ class FilterModule:
     def filters(self):
         return {
             "boot_validation_vars": boot_validation_vars,
+            "boot_validation_inventory": boot_validation_inventory,
+            "boot_validation_secret_names": boot_validation_secret_names,
             "boot_validation_contract": boot_validation_contract,
             "boot_validation_declarations": boot_validation_declarations,
             "boot_validation_env_file_value": boot_validation_env_file_value,

@@ -76,8 +76,6 @@ def test_vaulted_secrets_reach_vllm_and_stay_out_of_the_boot_validation_inventor
     import urllib.error
     import urllib.request
 
-    import yaml
-
     key, token = fleet.session.secrets["vllm_server_api_key"], fleet.session.secrets["vllm_server_hf_token"]
     vault = (fleet.session.state / "group_vars" / "gpu_nodes" / "vault.yml").read_text()
     assert "vllm_server_api_key: !vault |" in vault and key not in vault and token not in vault
@@ -98,7 +96,7 @@ def test_vaulted_secrets_reach_vllm_and_stay_out_of_the_boot_validation_inventor
         for leaked in (key, token, "$ANSIBLE_VAULT", "vllm_server_hf_token"):
             assert leaked not in inventory, f"{node}: {leaked[:14]}... in the boot validation inventory"
         # the key is read at boot from vLLM's secrets file on the node
-        node_vars = yaml.safe_load(inventory)["all"]["children"]["gpu_nodes"]["hosts"][node]
+        node_vars = support.node_inventory_vars(inventory, node)
         assert node_vars["vllm_server_api_key"] == (
             "{{ vllm_server_secrets_file | gpufleet.node.boot_validation_env_file_value('VLLM_API_KEY') }}"
         ), node_vars["vllm_server_api_key"]

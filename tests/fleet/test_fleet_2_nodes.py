@@ -253,7 +253,7 @@ def test_boot_validation_is_installed(converged, node, registered):
     assert directory.is_directory and directory.user == "root" and directory.mode == 0o700
     inventory = host.file("/etc/gpufleet/validate/inventory.yml")
     assert inventory.user == "root" and inventory.mode == 0o600
-    hosts = yaml.safe_load(inventory.content_string)["all"]["children"]["gpu_nodes"]["hosts"]
+    hosts = support.node_inventory_hosts(inventory.content_string)
     assert list(hosts) == [node]
     local = hosts[node]
     assert local["ansible_connection"] == "local" and local["lb_registration_balancer"] == ""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.support import run_playbook
+from tests.support import Unsafe, node_inventory, node_inventory_vars, run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "tests/integration/playbooks/boot_validation_role.yml"
@@ -67,7 +67,9 @@ def test_installs_a_node_local_run_idempotently(ansible_env, tmp_path):
     assert stat.S_IMODE(vdir.stat().st_mode) == 0o700
     inventory = vdir / "inventory.yml"
     assert stat.S_IMODE(inventory.stat().st_mode) == 0o600
-    node = yaml.safe_load(inventory.read_text())["all"]["children"]["gpu_nodes"]["hosts"]["localhost"]
+    hosts, _ = node_inventory(inventory.read_text())
+    assert isinstance(hosts["localhost"], Unsafe), "the host's variables are not tagged !unsafe"
+    node = node_inventory_vars(inventory.read_text(), "localhost")
     assert node == {
         "ansible_connection": "local",
         "ansible_python_interpreter": node["ansible_python_interpreter"],
@@ -242,9 +244,9 @@ def test_keeps_vaulted_secrets_on_the_controller_and_the_node_reads_its_own(ansi
     for secret in (SECRET, HF_TOKEN):
         assert secret not in run.output, "a secret was printed"
     vdir = root / "etc/gpufleet/validate"
-    node_inventory = (vdir / "inventory.yml").read_text()
+    node_inventory_text = (vdir / "inventory.yml").read_text()
     for leaked in (SECRET, HF_TOKEN, "$ANSIBLE_VAULT", "vllm_server_hf_token"):
-        assert leaked not in node_inventory, leaked
+        assert leaked not in node_inventory_text, leaked
     assert f"collections_path = {REPO / '.collections'}\n" in (vdir / "ansible.cfg").read_text()
 
     # The node's own run, as the unit starts it (no vault password there): the node-local
@@ -270,3 +272,115 @@ def test_keeps_vaulted_secrets_on_the_controller_and_the_node_reads_its_own(ansi
     )
     assert node_run.returncode == 0, node_run.stdout + node_run.stderr
     assert SECRET not in node_run.stdout + node_run.stderr
+
+    # A vaulted value of a declared variable: refused by its name, the node inventory unchanged
+    # (the node's run has no vault password: it would fail at every boot).
+    inventory.write_text(
+        inventory.read_text() + "".join(f"      {line}\n" for line in _vaulted("gpufleet_kernel_log_path", SECRET))
+    )
+    run = run_playbook(
+        PLAYBOOK, "--vault-password-file", str(password),
+        inventory=inventory, extra_vars=extra, env=ansible_env, merge_stderr=True,
+    )  # fmt: skip
+    assert run.rc != 0 and "gpufleet_kernel_log_path is vaulted" in run.output, run.explain()
+    assert SECRET not in run.output
+    assert (vdir / "inventory.yml").read_text() == node_inventory_text
+
+
+def _payload(marker, n):
+    """Template syntax that, rendered by Ansible, creates ``marker``-n (a command run as the
+    node's root would): every field the node inventory carries gets one of these."""
+    return "{{ lookup('pipe', 'touch %s-%d') }}{%% if true %%}{# x #}{%% endif %%}" % (marker, n)
+
+
+def test_data_from_outside_never_runs_as_a_template_on_the_node(ansible_env, tmp_path):
+    """Data never becomes code: a downloaded GGUF model whose header's general.name is template
+    syntax reaches gpufleet_serving's reason through the real backend choice (vLLM does not fit one
+    L40S, llama.cpp's plan of the GGUF does), and template syntax sits in every other kind of
+    exported field (a nested key, a list item, a string setting, boot_validation_extra_vars; given
+    to the controller as data, as command output and HTTP answers are). The node's own run, with
+    the node-local ansible.cfg and inventory, renders every variable: each comes back as the
+    literal text, and no payload ran, on the controller or on the node."""
+    from ansible_collections.gpufleet.node.plugins.filter.boot_validation import _Data, _NodeInventoryDumper
+    from ansible_collections.gpufleet.node.plugins.module_utils import _model_profiles
+    from lab import hwmodel as hw
+    from tests.unit.test_llamaplan import write_gguf_header
+
+    marker = tmp_path / "ran"
+    name = "Llama 3.3 70B " + _payload(marker, 0)
+    gguf = write_gguf_header(
+        tmp_path / "model-Q4_K_M.gguf", name, _model_profiles.MODEL_PROFILES["Llama-3.3-70B-Instruct"], True
+    )
+    node = hw.build("l40s-4x-switch", tmp_path / "lab")
+    root = tmp_path / "root"
+    unsafe = {
+        "gpu_topology_expect": {"gpu_count": 4, _payload(marker, 1): [_payload(marker, 2), 3]},
+        "gpufleet_kernel_log_path": _payload(marker, 3),
+        "boot_validation_extra_vars": {"gpufleet_note": _payload(marker, 4)},
+    }
+    host = {  # all of it data (!unsafe) on the controller too, as a module's output is
+        "ansible_connection": "local",
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "lab_root": str(node.root),
+        "root": str(root),
+        "vllm_server_model": "Llama-3.3-70B-Instruct-FP8",
+        "vllm_server_gpu_count": 1,
+        "llamacpp_server_model_src": str(gguf),
+        "llamacpp_server_gpu_memory_mib": [46068],
+    }
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(
+        yaml.dump({"all": {"hosts": {"localhost": _Data(host, **unsafe)}}}, Dumper=_NodeInventoryDumper)
+    )
+    playbook_bin = REPO / ".venv/bin/ansible-playbook"
+    run = run_playbook(
+        REPO / "tests/integration/playbooks/boot_validation_data.yml",
+        inventory=inventory,
+        extra_vars={"repo": str(REPO), "boot_validation_ansible_playbook": str(playbook_bin)},
+        env=ansible_env,
+    )
+    assert run.rc == 0, run.explain()
+    assert not list(tmp_path.glob("ran-*")), "a payload ran on the controller"
+
+    text = (root / "etc/gpufleet/validate/inventory.yml").read_text()
+    hosts, group_vars = node_inventory(text)
+    exported = hosts["localhost"]
+    # the host's variables are data (one !unsafe mapping); the only template is the collection's
+    # own read of the API key on the node, a group variable
+    assert isinstance(exported, Unsafe), "the host's variables are not tagged !unsafe"
+    assert group_vars == {
+        "vllm_server_api_key": "{{ vllm_server_secrets_file | gpufleet.node.boot_validation_env_file_value('VLLM_API_KEY') }}"
+    }
+    assert "layer-offload plan fits (" + name in exported["gpufleet_serving"]["reason"], exported["gpufleet_serving"]
+    assert exported["gpufleet_note"] == _payload(marker, 4)
+    assert exported["gpufleet_kernel_log_path"] == _payload(marker, 3)
+    assert exported["gpu_topology_expect"] == {"gpu_count": 4, _payload(marker, 1): [_payload(marker, 2), 3]}
+
+    # The node's own run, as its unit starts it: every exported variable rendered, each the literal.
+    expected = tmp_path / "expected.json"
+    expected.write_text(json.dumps(exported))
+    check = tmp_path / "check.yml"
+    check.write_text(
+        "- hosts: gpu_nodes\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.assert:\n"
+        "        that: lookup('vars', item) | to_json(sort_keys=true)\n"
+        "              == (lookup('file', expected) | from_json)[item] | to_json(sort_keys=true)\n"
+        "        quiet: true\n"
+        "      loop: %s\n" % json.dumps(sorted(exported))
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "ANSIBLE_CONFIG": str(root / "etc/gpufleet/validate/ansible.cfg"),
+    }
+    node_run = subprocess.run(
+        [str(playbook_bin), str(check), "-e", "expected=%s" % expected],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert node_run.returncode == 0, node_run.stdout + node_run.stderr
+    assert "ok=1" in node_run.stdout, node_run.stdout
+    assert not list(tmp_path.glob("ran-*")), "a payload ran in the node's own run"

@@ -20,7 +20,9 @@ from ansible_collections.gpufleet.node.plugins.filter.boot_validation import (
     boot_validation_contract,
     boot_validation_declarations,
     boot_validation_env_file_value,
+    boot_validation_inventory,
     boot_validation_runtime,
+    boot_validation_secret_names,
     boot_validation_stale,
     boot_validation_vars,
 )
@@ -274,3 +276,79 @@ def test_the_node_requirements_pin_the_controllers_ansible_core():
     controller = pins(REPO / "requirements.txt")
     for name in ("ansible-core", "nvidia-ml-py", "jinja2", "pyyaml"):
         assert node[name] == controller[name], name
+
+
+# --- data never becomes code: the node inventory (boot_validation_inventory) ---------------------
+
+
+def _node_inventory(host_vars, overrides=None):
+    from tests.support import node_inventory
+
+    text = boot_validation_inventory(
+        host_vars, "node1", _contract(), overrides, boot_validation_secret_names(str(ROLES))
+    )
+    return node_inventory(text)
+
+
+TEMPLATES = ("{{ lookup('pipe', 'id') }}", "{% for x in range(9) %}{% endfor %}", "{# c #}", "{{", "}}{%")
+
+
+@pytest.mark.parametrize("payload", TEMPLATES)
+def test_every_exported_string_is_data_in_every_kind_of_field(payload):
+    """Template syntax in a string setting, a nested key, a list item, an extra variable and
+    strings that YAML would otherwise read as other types: the host's variables are one !unsafe
+    mapping, every value comes back as the same text and type, the only template is the collection's."""
+    from tests.support import Unsafe
+
+    host = {
+        "gpufleet_kernel_log_path": payload,
+        "gpu_topology_expect": {payload: [payload, 3, "0", "", "true", "null", None, 1.5]},
+        "gpufleet_serving": {"backend": "llamacpp", "reason": "the model %s fits" % payload},
+        "vllm_server_api_key": "sk-secret-value",
+    }
+    hosts, group_vars = _node_inventory(host, {"gpufleet_note": payload})
+    exported = hosts["node1"]
+    assert isinstance(exported, Unsafe)
+    assert exported["gpufleet_kernel_log_path"] == payload and exported["gpufleet_note"] == payload
+    assert exported["gpu_topology_expect"] == host["gpu_topology_expect"]
+    assert exported["gpufleet_serving"] == host["gpufleet_serving"]
+    assert group_vars == {
+        "vllm_server_api_key": "{{ vllm_server_secrets_file | gpufleet.node.boot_validation_env_file_value('VLLM_API_KEY') }}"
+    }
+
+
+def test_the_secret_names_are_the_argument_specs_no_log_options():
+    assert {"vllm_server_api_key", "vllm_server_hf_token", "llamacpp_server_api_key"} <= set(
+        boot_validation_secret_names(str(ROLES))
+    )
+
+
+def test_a_vaulted_value_is_refused_for_export_by_its_name():
+    from ansible.parsing.vault import EncryptedString, VaultLib, VaultSecret
+
+    ciphertext = VaultLib([("default", VaultSecret(b"pw"))]).encrypt("/var/log/kern.log").decode()
+    with pytest.raises(AnsibleFilterError, match="gpufleet_kernel_log_path is vaulted"):
+        _node_inventory({"gpufleet_kernel_log_path": EncryptedString(ciphertext=ciphertext)})
+    with pytest.raises(AnsibleFilterError, match=r"gpu_topology_expect\.a\[0\] is vaulted"):
+        _node_inventory({"gpu_topology_expect": {"a": [EncryptedString(ciphertext=ciphertext)]}})
+
+
+def test_a_value_built_from_a_secret_is_refused_and_the_secret_is_not_in_the_message():
+    secret = "hf_0123456789abcdef"
+    for host, where in (
+        ({"vllm_server_hf_token": secret, "gpufleet_lab_root": "/x/%s/y" % secret}, "gpufleet_lab_root"),
+        ({"vllm_server_api_key": secret, "gpu_topology_expect": {"k": [secret]}}, r"gpu_topology_expect\.k\[0\]"),
+        ({"vllm_server_api_key": "ab", "gpufleet_lab_root": "ab"}, "gpufleet_lab_root"),  # short: the whole value
+    ):
+        with pytest.raises(AnsibleFilterError, match=where + " holds the value of a secret") as refused:
+            _node_inventory(host)
+        assert secret not in str(refused.value) and "'ab'" not in str(refused.value)
+    # a short secret is not looked for inside other values (it would match half the inventory)
+    assert _node_inventory({"vllm_server_api_key": "ab", "gpufleet_lab_root": "/lab"})[0]["node1"]["gpufleet_lab_root"]
+
+
+def test_what_the_node_inventory_cannot_carry_is_refused_by_name():
+    with pytest.raises(AnsibleFilterError, match="'bad name' is not a variable name"):
+        _node_inventory({}, {"bad name": 1})
+    with pytest.raises(AnsibleFilterError, match="gpu_topology_expect.s is a set"):
+        _node_inventory({"gpu_topology_expect": {"s": {1, 2}}})

@@ -7,6 +7,9 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo" || exit 1
 bash scripts/setup.sh || exit 1
 export PATH="$repo/.venv/bin:$PATH" ANSIBLE_CONFIG="$repo/ansible.cfg"
+# Every tier runs: a test whose prerequisite is missing (a lab that cannot boot, a package) fails
+# instead of skipping (tests/conftest.py).
+export GPUFLEET_TESTS_STRICT=1
 failed=()
 # vLLM's own parser lives in a ~3 GB venv of its own; kept outside the checkout, so that later
 # runs on the same machine (and fresh clones there) reuse it. setup.sh builds it when missing.

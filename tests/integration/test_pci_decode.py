@@ -248,6 +248,7 @@ CORPUS_FILES = sorted(CORPUS.glob("*.txt")) if CORPUS.is_dir() else []
 
 
 @needs_lspci
+@pytest.mark.optional_input
 @pytest.mark.skipif(not CORPUS_FILES, reason="no ../shared/corpus/lspci (a plain clone has none)")
 @pytest.mark.parametrize("path", CORPUS_FILES, ids=[p.stem for p in CORPUS_FILES])
 def test_pciutils_corpus_agrees_with_lspci_and_expectations(tmp_path, path):

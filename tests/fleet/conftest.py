@@ -236,13 +236,17 @@ class LabFleet:
 
     def restore(self, node, tags, label, extra_vars=None):
         """A cheaper way back than converge, where a test knows what its fault undid (the gate's
-        verdict of this boot intact): site.yml --tags TAGS on node.  The node counts as restored
-        only when that run passed and the node is in the pool, ready and running; otherwise it
-        stays changed and the next converge runs site.yml on it.  Returns the run."""
+        verdict of this boot intact): site.yml --tags TAGS on node, which must pass and put the
+        node back in the pool, ready and running (AssertionError otherwise: the documented
+        restore is under test too; the node stays changed, so the next converge runs site.yml on
+        it).  Returns the run."""
         run = self.site("--tags", tags, limit=node, extra_vars=extra_vars, label=label)
-        pool = self.wait_pool(lambda p: p.get(node, {}).get("op_state") == "running", timeout=10)
-        if self.recap_ok(run, node) and pool.get(node, {}).get("state") == "ready":
-            self.restored(node)
+        assert run.rc == 0 and self.recap_ok(run, node), f"{label} failed:\n{run.explain()}"
+        pool = self.wait_pool(lambda p: p.get(node, {}).get("op_state") == "running", timeout=60)
+        assert pool.get(node, {}).get("state") == "ready" and pool[node]["op_state"] == "running", (
+            f"{label} passed, but {node} is not back in the pool: {pool.get(node)}"
+        )
+        self.restored(node)
         return run
 
     @staticmethod

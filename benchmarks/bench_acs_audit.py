@@ -7,7 +7,7 @@ switch of 15 downstream ports holding 2 H100 GPUs, 1 ConnectX-7 and 12 NVMe driv
 8 RDMA NICs, 96 NVMe drives, 136 bridges in all). Then it times, in the same run and on the
 same tree:
 
-* the audit ``pcie_acs_info`` runs (``_pci.PciTopology.scan(...).audit()``), in this process and
+* the audit ``pcie_acs_info`` runs (``_topology.PciTopology.scan(...).audit()``), in this process and
   as a fresh Python process (interpreter start-up included);
 * seed 000's approach: list the devices with ``lspci``, then one ``setpci -v -s BDF
   ECAP_ACS+0x6.w`` process per device (read only; the seed's loop then writes).
@@ -31,7 +31,7 @@ for entry in (REPO / ".collections", REPO):
     sys.path.insert(0, str(entry))
 
 import lab.hwmodel as hw  # noqa: E402
-from ansible_collections.gpufleet.node.plugins.module_utils import _pci  # noqa: E402
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie import _topology  # noqa: E402
 from lab.hwmodel import profiles as P  # noqa: E402
 
 PROFILE = "bench-256"
@@ -85,12 +85,12 @@ def build(root):
 
 
 def audit_in_process(sysfs):
-    return _pci.PciTopology.scan(sysfs).audit()
+    return _topology.PciTopology.scan(sysfs).audit()
 
 
 AUDIT_SNIPPET = (
     "import sys; sys.path.insert(0, %r)\n"
-    "from ansible_collections.gpufleet.node.plugins.module_utils._pci import PciTopology\n"
+    "from ansible_collections.gpufleet.node.plugins.module_utils.pcie._topology import PciTopology\n"
     "a = PciTopology.scan(%r).audit(); print(a['summary']['blocked_gpu_pairs'])\n"
 )
 
@@ -164,8 +164,8 @@ def main():
         )
         print("audit also computes %d GPU pairs and %d GPU-NIC pairs" % (s["gpu_pairs"], len(audit["gpu_nic_pairs"])))
         print("%-58s %9.1f ms" % ("seed 000 loop (lspci + one setpci per device)", t_seed * 1000))
-        print("%-58s %9.1f ms" % ("_pci audit, in process (what pcie_acs_info runs)", t_audit * 1000))
-        print("%-58s %9.1f ms" % ("_pci audit, fresh python process", t_fresh * 1000))
+        print("%-58s %9.1f ms" % ("pcie audit, in process (what pcie_acs_info runs)", t_audit * 1000))
+        print("%-58s %9.1f ms" % ("pcie audit, fresh python process", t_fresh * 1000))
         print("%-58s %9.1f ms" % ("(python -c pass: interpreter start-up alone)", t_python * 1000))
         print(
             "speed-up in process: %.0fx; as a fresh process: %.1fx (target >= 10x); "

@@ -5,7 +5,7 @@ Stand-ins (nvidia-smi, NVML, all_reduce_perf, the vLLM server) ask a `Node` what
 does now: which bridges peer traffic between two GPUs crosses, whether any of them redirects it
 (read from the config files on every call, so a `setpci` by a role is seen by the next
 measurement), how each link trained.  This reader is deliberately independent of the
-collection's own decoder (plugins/module_utils/_pci.py): the lab must not share the bugs of the
+collection's own decoder (plugins/module_utils/pcie/_config_space.py): the lab must not share the bugs of the
 code it tests.  It knows where it put each register, because it put them there.
 """
 

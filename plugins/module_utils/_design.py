@@ -5,7 +5,7 @@
 key are expected to reach the same all-reduce bus bandwidth and can be judged against each other.
 
 Plain Python, no Ansible. Built from the GPU topology facts (``gpu_topology_facts``) and the
-node's RDMA NICs (``_pci.PciTopology.nics``), never from how the links trained today:
+node's RDMA NICs (``_topology.PciTopology.nics``), never from how the links trained today:
 
 * the GPU models, in index order, and their count;
 * each GPU's PCIe generation and width MAXIMUMS (a GPU trained to x8 keeps its x16 design);
@@ -27,7 +27,8 @@ import hashlib
 import json
 import re
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _nccl, _pci, _pcipath
+from ansible_collections.gpufleet.node.plugins.module_utils import _nccl
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie import _path, _sysfs
 
 #: NVLinks per GPU by product name (first match wins, longest names first); 0 for PCIe-only
 #: parts. A model not listed keeps None: its pairs' ``NV`` classes still go into the key.
@@ -74,7 +75,7 @@ def _slug(name):
 
 def _pair_class(cls):
     cls = str(cls or "?").upper()
-    return "NV" if _pcipath.nvlink_count(cls) is not None else cls
+    return "NV" if _path.nvlink_count(cls) is not None else cls
 
 
 def descriptor(topology, nics=()):
@@ -133,10 +134,10 @@ def key_of(desc):
     return "%s-%dx-%s-%s" % (gpu, desc["gpu_count"], fabric, digest)
 
 
-def rdma_nics(sysfs_path=_pci.DEFAULT_SYSFS_PATH):
+def rdma_nics(sysfs_path=_sysfs.DEFAULT_SYSFS_PATH):
     """The node's RDMA NICs as ``vendor:device`` ids (``15b3:1021``), read from the sysfs tree's
     ``vendor``/``device``/``class`` files (no config space: any user can read them)."""
-    devices = _pci.scan_tree(sysfs_path, with_config=False)
+    devices = _sysfs.scan_tree(sysfs_path, with_config=False)
     return sorted(
         "%04x:%04x" % (dev.config.vendor_id, dev.config.device_id) for dev in devices.values() if dev.is_rdma_nic
     )

@@ -7,13 +7,13 @@ Plain Python (no Ansible imports), runs on target Python 3.8+.
 Two collectors produce the same backend-neutral record (``collect_nvml`` from NVIDIA's
 ``nvidia-ml-py`` module object, ``collect_nvidia_smi`` from a ``run(argv)`` callable), and
 ``build_facts`` turns that record into ``ansible_facts.gpu_topology``: the PCI tree (sysfs, read
-as a ``_pci.PciTopology``) supplies the bridges between each GPU pair and which of them redirect
-peer traffic (ACS), by the rules of ``_pcipath``, and
+as a ``_topology.PciTopology``) supplies the bridges between each GPU pair and which of them redirect
+peer traffic (ACS), by the rules of ``pcie._path``, and
 ``evaluate`` compares the result with what the caller expects.
 
 NVML facts used (nvidia-ml-py 13.615.71, checked against its source):
 
-* ``nvmlDeviceGetTopologyCommonAncestor`` -> a path class (``_pcipath.NVML_TOPOLOGY_LEVELS``).
+* ``nvmlDeviceGetTopologyCommonAncestor`` -> a path class (``_path.NVML_TOPOLOGY_LEVELS``).
 * ``nvmlDeviceGetP2PStatus(h1, h2, index)``; index READ 0, WRITE 1, NVLINK 2.  The module's
   ``NVML_P2P_CAPS_INDEX_READ`` is the tuple ``(0,)`` in that release (trailing comma), so the
   integers are used, never the constants.  Status OK 0, CHIPSET_NOT_SUPPORTED 1 (CNS),
@@ -29,7 +29,8 @@ NVML facts used (nvidia-ml-py 13.615.71, checked against its source):
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _nvml, _nvsmi, _pci, _pcipath
+from ansible_collections.gpufleet.node.plugins.module_utils import _nvml, _nvsmi
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie import _config_space, _path, _sysfs, _topology
 
 NVML_P2P_INDEX = {"read": 0, "write": 1, "nvlink": 2}
 NVML_P2P_STATUS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "DR", 5: "NS", 6: "U"}
@@ -195,7 +196,7 @@ def _collect_nvml(nvml):
                 row[label(j)] = "NV%d" % nv
             else:
                 level = nvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j])
-                row[label(j)] = _pcipath.NVML_TOPOLOGY_LEVELS.get(level, "SYS")
+                row[label(j)] = _path.NVML_TOPOLOGY_LEVELS.get(level, "SYS")
             for mode in P2P_MODES:
                 try:
                     status = nvml.nvmlDeviceGetP2PStatus(handles[i], handles[j], NVML_P2P_INDEX[mode])
@@ -309,11 +310,11 @@ def pci_view(sysfs_path, gpus):
     }
     try:
         try:
-            topo = _pci.PciTopology.scan(sysfs_path)
+            topo = _topology.PciTopology.scan(sysfs_path)
             view["config_readable"] = True
-        except _pci.PciConfigTruncated:
-            topo = _pci.PciTopology.scan(sysfs_path, with_config=False)
-    except (_pci.PciError, OSError) as exc:
+        except _config_space.PciConfigTruncated:
+            topo = _topology.PciTopology.scan(sysfs_path, with_config=False)
+    except (_config_space.PciError, OSError) as exc:
         view["error"] = str(exc)
         return view, None
     view["checked"] = True
@@ -326,7 +327,7 @@ def pci_view(sysfs_path, gpus):
 
 
 # -- facts -----------------------------------------------------------------------------------
-def build_facts(record, backend, sysfs_path=_pci.DEFAULT_SYSFS_PATH, expect=None):
+def build_facts(record, backend, sysfs_path=_sysfs.DEFAULT_SYSFS_PATH, expect=None):
     gpus = record["gpus"]
     labels = [label(g["index"]) for g in gpus]
     view, topo = pci_view(sysfs_path, gpus)
@@ -384,7 +385,7 @@ def summarize(record, labels):
         if statuses != {"OK"}:
             not_ok.append([a, b])
     nvlink_pairs = [link for link in pair_links if link.startswith("NV")]
-    ordered = sorted(pair_links, key=_pcipath.link_rank)
+    ordered = sorted(pair_links, key=_path.link_rank)
     return {
         "gpu_count": len(labels),
         "pairs": len(pair_links),
@@ -508,8 +509,8 @@ def sysfs_nvidia_gpus(sysfs_path, driver=None):
     """NVIDIA GPU functions in the PCI tree (vendor/class files only: any user can read them),
     only those bound to ``driver`` when given; None when the tree cannot be read."""
     try:
-        topo = _pci.PciTopology.scan(sysfs_path, with_config=False)
-    except (_pci.PciError, OSError):
+        topo = _topology.PciTopology.scan(sysfs_path, with_config=False)
+    except (_config_space.PciError, OSError):
         return None
     return [bdf for bdf in topo.gpus if driver is None or topo.devices[bdf].driver == driver]
 

@@ -9,7 +9,7 @@ Plain Python (no Ansible imports), runs on target Python 3.8+.
   ``nvidia-smi -q`` + ``nvidia-smi nvlink -s`` (``collect_nvidia_smi``, parsed by ``_nvsmi_q``);
   the kernel log's NVRM ``Xid`` and nvswitch ``SXid`` lines (``parse_kernel_log``); the PCI tree's
   AER counters and link maxima, NVSwitches and RDMA NICs (``pci_facts``, through
-  ``_pci.PciTopology``); whether ``nvidia_peermem`` is loaded.
+  ``_topology.PciTopology``); whether ``nvidia_peermem`` is loaded.
 * Judgement: ``run_checks`` turns those facts into checks, each ``{name, status (pass|warn|fail),
   gpus, reason, action}``, with the thresholds of ``DEFAULT_THRESHOLDS``.
 
@@ -33,7 +33,8 @@ from __future__ import annotations
 import os
 import re
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _nvml, _nvsmi, _nvsmi_q, _pci
+from ansible_collections.gpufleet.node.plugins.module_utils import _nvml, _nvsmi, _nvsmi_q
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie import _config_space, _sysfs, _topology
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 _RANK = {PASS: 0, WARN: 1, FAIL: 2}
@@ -282,7 +283,7 @@ def link_gen(text):
 
 def read_aer(dev_path):
     """``{'fatal', 'nonfatal', 'correctable'}`` of one function (None where the file is absent)."""
-    return {key: parse_aer(_pci.read_text(os.path.join(dev_path, name)), total) for key, name, total in AER_FILES}
+    return {key: parse_aer(_sysfs.read_text(os.path.join(dev_path, name)), total) for key, name, total in AER_FILES}
 
 
 def pci_facts(sysfs_path):
@@ -292,8 +293,8 @@ def pci_facts(sysfs_path):
     'bridges': {bdf: {'aer', 'link'}}, 'nvswitches': [bdf], 'rdma_nics': [bdf],
     'nics_on_gpu_paths': [bdf]}`` (bridges: those on the GPUs' upstream chains)."""
     try:
-        topo = _pci.PciTopology.scan(sysfs_path, with_config=False)
-    except (_pci.PciError, OSError) as exc:
+        topo = _topology.PciTopology.scan(sysfs_path, with_config=False)
+    except (_config_space.PciError, OSError) as exc:
         return {
             "error": str(exc),
             "gpus": {},
@@ -305,8 +306,8 @@ def pci_facts(sysfs_path):
 
     def link(dev):
         return {
-            "gen_max": link_gen(_pci.read_text(os.path.join(dev.path, "max_link_speed"))),
-            "width_max": _nvsmi_q.to_int(_pci.read_text(os.path.join(dev.path, "max_link_width"))),
+            "gen_max": link_gen(_sysfs.read_text(os.path.join(dev.path, "max_link_speed"))),
+            "width_max": _nvsmi_q.to_int(_sysfs.read_text(os.path.join(dev.path, "max_link_width"))),
         }
 
     gpus = {}
@@ -337,7 +338,7 @@ def peermem_loaded(proc_path="/proc", sys_module_path="/sys/module"):
     """Whether ``nvidia_peermem`` is loaded: ``/proc/modules`` or ``/sys/module/nvidia_peermem``."""
     if os.path.isdir(os.path.join(sys_module_path, "nvidia_peermem")):
         return True
-    modules = _pci.read_text(os.path.join(proc_path, "modules"))
+    modules = _sysfs.read_text(os.path.join(proc_path, "modules"))
     if modules is None:
         return False
     return any(line.split(" ", 1)[0] == "nvidia_peermem" for line in modules.splitlines())

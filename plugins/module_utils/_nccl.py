@@ -28,7 +28,8 @@ import itertools
 import math
 import re
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _pcipath, _proc
+from ansible_collections.gpufleet.node.plugins.module_utils import _proc
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie import _path
 
 # --------------------------------------------------------------------------------------------
 # Command line
@@ -345,7 +346,7 @@ reaches about 230 GB/s on A100 (12 links: 240 here) and 440-480 GB/s on H100/H20
 nccl-tests section)."""
 
 # The figures (PCIe rates, path-class efficiencies, NVLink rates) and the valuation of one hop
-# live with the path vocabulary in _pcipath; the gate's ring model is here.
+# live with the path vocabulary in pcie/_path.py; the gate's ring model is here.
 
 
 def _gpu_key(gpu):
@@ -369,11 +370,11 @@ def nvswitch_system(topology):
     gpus = sorted(topology.get("gpus") or [], key=lambda g: g["index"])
     counts = []
     for gi, gj in itertools.combinations(gpus, 2):
-        count = _pcipath.nvlink_count(_link_class(topology, gi, gj))
+        count = _path.nvlink_count(_link_class(topology, gi, gj))
         if count is None:
             return False
         counts.append(count)
-    return _pcipath.nvswitch_fabric(counts, len(gpus) - 1)
+    return _path.nvswitch_fabric(counts, len(gpus) - 1)
 
 
 def _hop(topology, gi, gj, switched=False):
@@ -382,8 +383,8 @@ def _hop(topology, gi, gj, switched=False):
     if cls is None:
         raise ValueError(f"the topology facts have no link type between {_gpu_key(gi)} and {_gpu_key(gj)}")
     gen = width = None
-    if _pcipath.nvlink_count(cls) is None:
-        if cls not in _pcipath.PATH_EFFICIENCY:
+    if _path.nvlink_count(cls) is None:
+        if cls not in _path.PATH_EFFICIENCY:
             raise ValueError(f"unknown link type {cls!r} between {_gpu_key(gi)} and {_gpu_key(gj)}")
         pi, pj = _pcie(gi), _pcie(gj)
         try:
@@ -394,7 +395,7 @@ def _hop(topology, gi, gj, switched=False):
                 f"the topology facts lack pcie.gen_max/width_max for {_gpu_key(gi)} or {_gpu_key(gj)}"
             ) from None
     names = str(gi.get("name", "")) + " " + str(gj.get("name", ""))
-    gbps, basis = _pcipath.hop_gbps(cls, gen, width, names, switched)
+    gbps, basis = _path.hop_gbps(cls, gen, width, names, switched)
     return cls, gbps, basis
 
 
@@ -490,7 +491,7 @@ def diagnose(topology, environment=None, measured=None, expected=None, peer_medi
     blocked, bridges = [], set()
     for a, row in sorted(p2p_read.items()):
         for b, status in sorted(row.items()):
-            if a < b and status not in ("OK", "X") and _pcipath.nvlink_count((links.get(a) or {}).get(b)) is None:
+            if a < b and status not in ("OK", "X") and _path.nvlink_count((links.get(a) or {}).get(b)) is None:
                 blocked.append(f"{a}-{b} {status}")
                 bridges.update((redirecting.get(a) or {}).get(b) or [])
     if blocked:

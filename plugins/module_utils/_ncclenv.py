@@ -9,10 +9,10 @@ exposes it to the role ``gpu_runtime_env``, which writes one env file that syste
 (``EnvironmentFile=``) and docker (``--env-file``) both read.
 
 * ``NCCL_P2P_LEVEL``: ``NVL`` when every GPU pair is on NVLink; otherwise the widest path class
-  some pair needs among those under one PCIe host bridge (``_pcipath.HOST_BRIDGE_CLASSES``:
+  some pair needs among those under one PCIe host bridge (``_path.HOST_BRIDGE_CLASSES``:
   PIX < PXB < PHB). Pairs across NODE/SYS never raise it (set it yourself if you measured that
   P2P across the CPU interconnect helps).
-* ``NCCL_IB_DISABLE=1`` when the node has no RDMA NIC (``_pcipath.is_rdma_nic``) and more than
+* ``NCCL_IB_DISABLE=1`` when the node has no RDMA NIC (``_path.is_rdma_nic``) and more than
   one GPU, so NCCL does not probe for InfiniBand/RoCE.
 """
 
@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _linevalue, _pcipath
+from ansible_collections.gpufleet.node.plugins.module_utils import _linevalue
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie import _path
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -45,7 +46,7 @@ def _hex(value):
 
 def nic_is_rdma(nic):
     """Whether one entry of a NIC list (``pcie_acs_info``'s ``nics``, or written by hand) is an
-    RDMA NIC, by ``_pcipath.is_rdma_nic``.
+    RDMA NIC, by ``_path.is_rdma_nic``.
 
     ``{'rdma': bool}`` says it outright. A 24-bit class (``0x020700``, with the programming
     interface) is read by its top 16 bits. An entry with neither class nor vendor is one:
@@ -62,7 +63,7 @@ def nic_is_rdma(nic):
         return True
     if cls is not None and len(str(cls_text).lower().replace("0x", "")) > 4:
         cls >>= 8
-    return _pcipath.is_rdma_nic(vendor, cls, nic.get("driver"))
+    return _path.is_rdma_nic(vendor, cls, nic.get("driver"))
 
 
 def p2p_level(links):
@@ -75,12 +76,12 @@ def p2p_level(links):
             pairs.append(str(kind).upper())
     if not pairs:
         return None
-    if all(_pcipath.nvlink_count(k) is not None for k in pairs):
+    if all(_path.nvlink_count(k) is not None for k in pairs):
         return "NVL"
-    pcie = [k for k in pairs if k in _pcipath.HOST_BRIDGE_CLASSES]
+    pcie = [k for k in pairs if k in _path.HOST_BRIDGE_CLASSES]
     if not pcie:
         return None
-    return max(pcie, key=_pcipath.link_rank)
+    return max(pcie, key=_path.link_rank)
 
 
 def _flag(value):

@@ -27,7 +27,7 @@ from __future__ import annotations
 import csv
 import re
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _pcipath
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie import _path
 
 #: The fields the topology facts need, in the order the module asks for them.
 QUERY_FIELDS = (
@@ -58,7 +58,7 @@ P2P_STATUSES = {
     "U": "unknown",
 }
 
-# The link classes of topo -m, their meaning and order: _pcipath (the path vocabulary).
+# The link classes of topo -m, their meaning and order: pcie/_path.py (the path vocabulary).
 
 AFFINITY_LABELS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 
@@ -68,7 +68,7 @@ _GPU_LABEL_RE = re.compile(r"^GPU(\d+)$")
 _NIC_LABEL_RE = re.compile(r"^NIC(\d+)$")
 _NIC_LEGEND_RE = re.compile(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$")
 # SOC: older drivers' name for SYS; N/A: no path.
-_LINK_RE = re.compile(r"^(X|NV\d+|%s|SOC|N/A)$" % "|".join(_pcipath.PATH_CLASSES))
+_LINK_RE = re.compile(r"^(X|NV\d+|%s|SOC|N/A)$" % "|".join(_path.PATH_CLASSES))
 _NVLINK_GPU_RE = re.compile(r"^GPU\s+(\d+)\s*:")
 _NVLINK_LINK_RE = re.compile(r"^\s*Link\s+(\d+)\s*:\s*(.*?)\s*$")
 _CPU_RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")

@@ -177,8 +177,8 @@ sysfs_path:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.node.plugins.module_utils._iommu import IommuError, audit
-from ansible_collections.gpufleet.node.plugins.module_utils._pci import PciError
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie._config_space import PciError
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie._iommu import IommuError, audit
 
 
 def main():

@@ -392,7 +392,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _baseline, _design, _nccl, _pci
+from ansible_collections.gpufleet.node.plugins.module_utils import _baseline, _design, _nccl
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie import _config_space, _sysfs
 
 SEARCH_DIRS = ["/usr/local/bin", "/opt/nccl-tests/build", "/usr/local/nccl-tests/build"]
 #: The result's keys that only a run (or check mode) fills.
@@ -429,11 +430,11 @@ def _design_of(module, topology):
     if not (topology or {}).get("gpus"):
         return None, None
     sysfs = (
-        module.params["sysfs_path"] or ((topology.get("pci_tree") or {}).get("sysfs_path")) or _pci.DEFAULT_SYSFS_PATH
+        module.params["sysfs_path"] or ((topology.get("pci_tree") or {}).get("sysfs_path")) or _sysfs.DEFAULT_SYSFS_PATH
     )
     try:
         nics = _design.rdma_nics(sysfs)
-    except (_pci.PciError, OSError) as e:
+    except (_config_space.PciError, OSError) as e:
         module.warn(f"the design key leaves the RDMA NICs out: cannot read the PCI tree at {sysfs}: {e}")
         nics = ["unknown"]
     try:

@@ -284,20 +284,22 @@ vfio_conflicts:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.node.plugins.module_utils import _proc
-from ansible_collections.gpufleet.node.plugins.module_utils._pci import (
-    ACS_FLAG_NAMES,
-    DEFAULT_SYSFS_PATH,
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie._acs import (
     SCOPES,
     AcsPlanError,
-    PciError,
-    PciTopology,
-    format_acs,
-    normalize_bdf,
     plan_acs,
     read_acs_ctl,
     setpci_args,
 )
-from ansible_collections.gpufleet.node.plugins.module_utils._pcipath import ACS_REDIRECT_NAMES
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie._config_space import (
+    ACS_FLAG_NAMES,
+    PciError,
+    format_acs,
+    normalize_bdf,
+)
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie._path import ACS_REDIRECT_NAMES
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie._sysfs import DEFAULT_SYSFS_PATH
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie._topology import PciTopology
 
 LOCKDOWN_TEXT = "Operation not permitted"
 

@@ -262,11 +262,9 @@ sysfs_path:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.node.plugins.module_utils._pci import (
-    DEFAULT_SYSFS_PATH,
-    PciError,
-    PciTopology,
-)
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie._config_space import PciError
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie._sysfs import DEFAULT_SYSFS_PATH
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie._topology import PciTopology
 
 
 def main():

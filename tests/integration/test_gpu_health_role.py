@@ -25,8 +25,11 @@ LIBS = [
     "_nvml.py",
     "_nvsmi.py",
     "_nvsmi_q.py",
-    "_pci.py",
-    "_pcipath.py",
+    "pcie/__init__.py",
+    "pcie/_config_space.py",
+    "pcie/_path.py",
+    "pcie/_sysfs.py",
+    "pcie/_topology.py",
     "_proc.py",
     "_readiness.py",
 ]
@@ -137,7 +140,7 @@ def test_a_healthy_node_passes_and_a_second_run_changes_nothing(node):
     assert ({"gpu": node.bdfs[0]}, 1.0) in metrics["gpufleet_gpu_health_persistence_mode"]
     # The watcher and the rules it copies, and its unit with this node's knobs.
     lib = node.state / "usr/local/lib/gpufleet/gpu-health-watch"
-    assert sorted(p.name for p in lib.iterdir()) == sorted(LIBS + ["gpufleet_gpu_health_watch.py"])
+    assert sorted(str(p.relative_to(lib)) for p in lib.rglob("*.py")) == sorted(LIBS + ["gpufleet_gpu_health_watch.py"])
     unit = (node.state / "etc/systemd/system/gpufleet-gpu-health-watch.service").read_text()
     assert f"--verdict {node.verdict_path} " in unit and f"--kernel-log {node.kernel_log} " in unit
     assert f"--nvidia-smi {node.smi} " in unit

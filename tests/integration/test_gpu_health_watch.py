@@ -55,7 +55,8 @@ def node(tmp_path):
     lib.mkdir()
     shutil.copy(WATCHER, lib)
     for name in LIBS:
-        shutil.copy(REPO / "plugins" / "module_utils" / name, lib)
+        (lib / name).parent.mkdir(exist_ok=True)
+        shutil.copy(REPO / "plugins" / "module_utils" / name, lib / name)
     (tmp_path / "run").mkdir()
     return tmp_path
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Config-space decoding (_pci.PciConfig) against hand-made edge cases and real dumps, checked
+"""Config-space decoding (_config_space.PciConfig) against hand-made edge cases and real dumps, checked
 against the real `lspci -F` wherever a dump exists."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _pci
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie import _acs, _config_space
 from tests.support import DEV_LINE, lspci_acs, needs_lspci, parse_lspci_dump
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "pci"
@@ -20,14 +20,14 @@ CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus" / "lspci"
 
 
 def flags(value):
-    decoded = _pci.decode_acs(value)
+    decoded = _config_space.decode_acs(value)
     decoded.pop("other_bits")
     return decoded
 
 
 # -- registers and names -------------------------------------------------------------------------
 def test_every_acs_bit_has_its_lspci_name():
-    assert _pci.ACS_FLAG_NAMES == (
+    assert _config_space.ACS_FLAG_NAMES == (
         "SrcValid",
         "TransBlk",
         "ReqRedir",
@@ -36,28 +36,33 @@ def test_every_acs_bit_has_its_lspci_name():
         "EgressCtrl",
         "DirectTrans",
     )
-    for bit, name in enumerate(_pci.ACS_FLAG_NAMES):
-        decoded = _pci.decode_acs(1 << bit)
-        assert [n for n in _pci.ACS_FLAG_NAMES if decoded[n]] == [name]
+    for bit, name in enumerate(_config_space.ACS_FLAG_NAMES):
+        decoded = _config_space.decode_acs(1 << bit)
+        assert [n for n in _config_space.ACS_FLAG_NAMES if decoded[n]] == [name]
         assert decoded["other_bits"] == 0
 
 
 def test_unknown_high_bits_are_kept_raw():
-    decoded = _pci.decode_acs(0x0180 | 0x001D)
+    decoded = _config_space.decode_acs(0x0180 | 0x001D)
     assert decoded["other_bits"] == 0x0180
-    assert [n for n in _pci.ACS_FLAG_NAMES if decoded[n]] == ["SrcValid", "ReqRedir", "CmpltRedir", "UpstreamFwd"]
+    assert [n for n in _config_space.ACS_FLAG_NAMES if decoded[n]] == [
+        "SrcValid",
+        "ReqRedir",
+        "CmpltRedir",
+        "UpstreamFwd",
+    ]
 
 
 def test_format_is_lspci_text():
-    assert _pci.format_acs(0x001D) == (
+    assert _config_space.format_acs(0x001D) == (
         "SrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-"
     )
 
 
 def test_bits_mask_by_lspci_names():
-    assert _pci.acs_bits_mask(["ReqRedir", "CmpltRedir", "EgressCtrl"]) == 0x002C
+    assert _config_space.acs_bits_mask(["ReqRedir", "CmpltRedir", "EgressCtrl"]) == 0x002C
     with pytest.raises(ValueError, match="unknown ACS flag"):
-        _pci.acs_bits_mask(["ReqRedirect"])
+        _config_space.acs_bits_mask(["ReqRedirect"])
 
 
 @pytest.mark.parametrize(
@@ -70,7 +75,7 @@ def test_bits_mask_by_lspci_names():
     ],
 )
 def test_bdf_normalized(text, expected):
-    assert _pci.normalize_bdf(text) == expected
+    assert _config_space.normalize_bdf(text) == expected
 
 
 @pytest.mark.parametrize(
@@ -78,22 +83,22 @@ def test_bdf_normalized(text, expected):
 )
 def test_malformed_bdf_rejected(text):
     with pytest.raises(ValueError, match="malformed PCI address"):
-        _pci.normalize_bdf(text)
+        _config_space.normalize_bdf(text)
 
 
 def test_plan_and_setpci_argv():
-    assert _pci.plan_acs_write(0x001D, 0x002C, "cleared") == 0x0011
-    assert _pci.plan_acs_write(0x0011, 0x002C, "set") == 0x003D
-    assert _pci.setpci_args("0000:42:00.0", 0x0011, 0x002C) == ["-s", "0000:42:00.0", "ECAP_ACS+0x6.w=0000:002c"]
-    assert _pci.setpci_args("0000:42:00.0", 0x003D, 0x002C, "/srv/n1/sys/bus/pci") == [
+    assert _acs.plan_acs_write(0x001D, 0x002C, "cleared") == 0x0011
+    assert _acs.plan_acs_write(0x0011, 0x002C, "set") == 0x003D
+    assert _acs.setpci_args("0000:42:00.0", 0x0011, 0x002C) == ["-s", "0000:42:00.0", "ECAP_ACS+0x6.w=0000:002c"]
+    assert _acs.setpci_args("0000:42:00.0", 0x003D, 0x002C, "/srv/n1/sys/bus/pci") == [
         "-O",
         "sysfs.path=/srv/n1/sys/bus/pci",
         "-s",
         "0000:42:00.0",
         "ECAP_ACS+0x6.w=002c:002c",
     ]
-    assert _pci.kernel_param(["0000:01:00.0", "0000:02:00.0"]) == "pci=disable_acs_redir=0000:01:00.0;0000:02:00.0"
-    assert _pci.kernel_param([]) == ""
+    assert _acs.kernel_param(["0000:01:00.0", "0000:02:00.0"]) == "pci=disable_acs_redir=0000:01:00.0;0000:02:00.0"
+    assert _acs.kernel_param([]) == ""
 
 
 # -- hand-made config spaces ---------------------------------------------------------------------
@@ -126,7 +131,7 @@ def make_config(
 
 
 def test_switch_port_decoded():
-    cfg = _pci.PciConfig(make_config())
+    cfg = _config_space.PciConfig(make_config())
     assert cfg.port_type == "downstream_port"
     assert cfg.is_bridge
     assert cfg.acs == {"offset": 0x150, "cap": 0x5F, "ctl": 0x1D, "egress_vector_bits": 0, "quirk": None}
@@ -144,27 +149,27 @@ def test_switch_port_decoded():
 
 
 def test_no_capability_list_without_status_bit():
-    cfg = _pci.PciConfig(make_config(status=0x0000))
+    cfg = _config_space.PciConfig(make_config(status=0x0000))
     assert cfg.caps == [] and cfg.pcie is None
     # Extended capabilities are walked only for PCI Express functions, as lspci/setpci do.
     assert cfg.ext_caps == [] and cfg.acs is None
 
 
 def test_extended_chain_loop_is_guarded():
-    cfg = _pci.PciConfig(make_config(ext_next=0x100))
+    cfg = _config_space.PciConfig(make_config(ext_next=0x100))
     assert [o for _c, _v, o in cfg.ext_caps] == [0x100, 0x150]
     assert cfg.acs["ctl"] == 0x1D
     assert any("looped at 0x100" in w for w in cfg.warnings)
 
 
 def test_standard_chain_loop_is_guarded():
-    cfg = _pci.PciConfig(make_config(std_loop=True))
+    cfg = _config_space.PciConfig(make_config(std_loop=True))
     assert [o for _c, o in cfg.caps] == [0x40, 0x60]
     assert any("looped at 0x40" in w for w in cfg.warnings)
 
 
 def test_extended_pointer_below_0x100_stops():
-    cfg = _pci.PciConfig(make_config(ext_next=0x0C0))
+    cfg = _config_space.PciConfig(make_config(ext_next=0x0C0))
     assert cfg.acs["ctl"] == 0x1D
     assert any("below 0x100" in w for w in cfg.warnings)
 
@@ -172,37 +177,37 @@ def test_extended_pointer_below_0x100_stops():
 def test_all_ones_header_ends_chain():
     data = bytearray(make_config(acs=None))
     struct.pack_into("<I", data, 0x100, 0xFFFFFFFF)
-    cfg = _pci.PciConfig(bytes(data))
+    cfg = _config_space.PciConfig(bytes(data))
     assert cfg.ext_caps == [] and cfg.acs is None
 
 
 def test_256_byte_config_has_no_extended_space():
-    cfg = _pci.PciConfig(make_config()[:256])
+    cfg = _config_space.PciConfig(make_config()[:256])
     assert cfg.pcie["port_type"] == "downstream_port"
     assert cfg.ext_caps == [] and cfg.acs is None
     # ... which means its ACS state is unknown, not "no ACS"
     assert cfg.ext_space_unknown
     assert "run as root" in cfg.ext_space_reason("0000:42:00.0")
-    assert not _pci.PciConfig(make_config()).ext_space_unknown
+    assert not _config_space.PciConfig(make_config()).ext_space_unknown
 
 
 def test_header_shorter_than_64_bytes_is_an_error():
-    with pytest.raises(_pci.PciConfigTruncated):
-        _pci.PciConfig(b"\x00" * 32)
+    with pytest.raises(_config_space.PciConfigTruncated):
+        _config_space.PciConfig(b"\x00" * 32)
 
 
 def test_intel_spt_pch_root_port_flagged():
     data = bytearray(make_config(port_type=0x4))
     struct.pack_into("<HH", data, 0, 0x8086, 0xA114)
-    cfg = _pci.PciConfig(bytes(data))
+    cfg = _config_space.PciConfig(bytes(data))
     assert cfg.acs["quirk"] == "intel_spt_pch"
     assert any("cap+8" in w for w in cfg.warnings)
 
 
 def test_high_bits_survive_parsing():
-    cfg = _pci.PciConfig(make_config(acs=(0x1DF, 0x19D)))
+    cfg = _config_space.PciConfig(make_config(acs=(0x1DF, 0x19D)))
     assert cfg.acs_cap == 0x1DF and cfg.acs_ctl == 0x19D
-    assert _pci.decode_acs(cfg.acs_ctl)["other_bits"] == 0x180
+    assert _config_space.decode_acs(cfg.acs_ctl)["other_bits"] == 0x180
 
 
 @needs_lspci
@@ -215,7 +220,7 @@ def test_hand_made_dump_agrees_with_lspci(tmp_path, cap, ctl):
         + "".join("%02x: %s\n" % (o, " ".join("%02x" % x for x in data[o : o + 16])) for o in range(0, 4096, 16))
     )
     seen = lspci_acs(run_lspci_dump(dump))["42:00.0"]
-    cfg = _pci.PciConfig(parse_lspci_dump(dump.read_text())["42:00.0"])
+    cfg = _config_space.PciConfig(parse_lspci_dump(dump.read_text())["42:00.0"])
     assert seen == {"ACSCap": flags(cfg.acs_cap), "ACSCtl": flags(cfg.acs_ctl)}
 
 
@@ -236,7 +241,7 @@ def assert_agrees_with_lspci(dump_path):
     seen = lspci_acs(run_lspci_dump(dump_path))
     assert set(seen) == set(dumps)
     for bdf, data in dumps.items():
-        cfg = _pci.PciConfig(data)
+        cfg = _config_space.PciConfig(data)
         if cfg.acs is None:
             assert seen[bdf] == {}, bdf
         else:
@@ -260,7 +265,7 @@ def test_pciutils_corpus_agrees_with_lspci_and_expectations(tmp_path, path):
         return
     printed = lspci_acs(path.read_text())  # the -vvv text captured with the dump
     for entry in json.loads(expect_path.read_text()):
-        cfg = _pci.PciConfig(dumps[entry["bdf"]])
+        cfg = _config_space.PciConfig(dumps[entry["bdf"]])
         if entry["acscap"] is None:
             assert cfg.acs is None
             continue
@@ -277,7 +282,7 @@ def test_pciutils_corpus_agrees_with_lspci_and_expectations(tmp_path, path):
 def test_public_dump_amd_gpu_acs_at_0x2a0():
     """RX 5600 XT from the amd-gfx list (see tests/data/pci/amdgpu-rx5600xt.source)."""
     dumps = assert_agrees_with_lspci(DATA / "amdgpu-rx5600xt.dump")
-    cfg = _pci.PciConfig(dumps["28:00.0"])
+    cfg = _config_space.PciConfig(dumps["28:00.0"])
     assert (cfg.vendor_id, cfg.device_id, cfg.class_code) == (0x1002, 0x731F, 0x0300)
     assert cfg.port_type == "legacy_endpoint"
     assert cfg.acs == {"offset": 0x2A0, "cap": 0, "ctl": 0, "egress_vector_bits": 0, "quirk": None}
@@ -303,7 +308,7 @@ def test_public_dump_amd_gpu_acs_at_0x2a0():
 def test_pciutils_dump_plx_chain_jumps_backwards():
     """PLX PEX 8796 upstream port from pciutils' tests (see plx-pex8796-usp.source)."""
     dumps = assert_agrees_with_lspci(DATA / "plx-pex8796-usp.dump")
-    cfg = _pci.PciConfig(dumps["07:00.0"])
+    cfg = _config_space.PciConfig(dumps["07:00.0"])
     assert cfg.port_type == "upstream_port"
     assert [o for _c, _v, o in cfg.ext_caps] == [0x100, 0xFB4, 0x138, 0x10C, 0x148, 0xE00, 0xB00, 0xB70]
     assert cfg.acs is None and cfg.warnings == []

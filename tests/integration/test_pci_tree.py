@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Sysfs tree enumeration and the GPU-path audit (_pci.PciTopology) on the lab's generated trees,
+"""Sysfs tree enumeration and the GPU-path audit (_topology.PciTopology) on the lab's generated trees,
 checked against the real `lspci -vvv -O sysfs.path=...` and against the hardware model."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import subprocess
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _pci
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie import _acs, _config_space, _sysfs, _topology
 from tests.support import lspci_acs, needs_lspci
 
 
 def flags(value):
-    decoded = _pci.decode_acs(value)
+    decoded = _config_space.decode_acs(value)
     decoded.pop("other_bits")
     return decoded
 
@@ -52,7 +52,7 @@ def test_acs_decode_agrees_with_lspci_on_every_profile(lab_node, any_profile):
     node = lab_node(any_profile)
     text = lspci_tree(node)
     seen = lspci_acs(text)
-    audit = _pci.PciTopology.scan(str(node.sysfs)).audit()
+    audit = _topology.PciTopology.scan(str(node.sysfs)).audit()
     ports = {p["bdf"]: p for p in audit["ports"]}
     with_acs = {bdf: acs for bdf, acs in seen.items() if acs}
     assert set(with_acs) == {bdf for bdf, p in ports.items() if p["acs_cap"] is not None}
@@ -66,7 +66,7 @@ def test_acs_decode_agrees_with_lspci_on_every_profile(lab_node, any_profile):
 def test_port_types_and_links_agree_with_lspci(lab_node, any_profile):
     node = lab_node(any_profile)
     blocks = lspci_blocks(lspci_tree(node))
-    topo = _pci.PciTopology.scan(str(node.sysfs))
+    topo = _topology.PciTopology.scan(str(node.sysfs))
     assert set(blocks) == set(topo.devices)
     for bdf, lines in blocks.items():
         cfg = topo.devices[bdf].config
@@ -81,7 +81,7 @@ def test_port_types_and_links_agree_with_lspci(lab_node, any_profile):
 
 def test_gpu_pairs_agree_with_the_hardware_model(lab_node, any_profile):
     node = lab_node(any_profile)
-    topo = _pci.PciTopology.scan(str(node.sysfs))
+    topo = _topology.PciTopology.scan(str(node.sysfs))
     assert topo.gpus == sorted(g.bdf for g in node.gpus)
     assert topo.nics == sorted(n.bdf for n in node.nics)
     pairs = {tuple(p["gpus"]): (p["bridges"], p["redirecting"]) for p in topo.gpu_pairs()}
@@ -95,14 +95,14 @@ def test_gpu_pairs_agree_with_the_hardware_model(lab_node, any_profile):
 
 def test_upstream_chain_from_the_sysfs_path(lab_node):
     node = lab_node("l40s-4x-switch")
-    topo = _pci.PciTopology.scan(str(node.sysfs))
+    topo = _topology.PciTopology.scan(str(node.sysfs))
     for gpu in node.gpus:
         assert topo.chain(gpu.bdf) == list(reversed(node.chain(gpu.bdf)))
 
 
 def test_seed000_audit(lab_node):
     node = lab_node("l40s-4x-switch")
-    audit = _pci.PciTopology.scan(str(node.sysfs)).audit()
+    audit = _topology.PciTopology.scan(str(node.sysfs)).audit()
     summary = audit["summary"]
     assert summary["gpus"] == 4 and summary["nics"] == 1 and summary["gpu_pairs"] == 6
     assert summary["blocked_gpu_pairs"] == 6 and not summary["peer_to_peer_clear"]
@@ -120,7 +120,7 @@ def test_seed000_audit(lab_node):
 
 def test_rootport_profile_blocked_by_root_ports(lab_node):
     node = lab_node("epyc-rootport-acs")
-    audit = _pci.PciTopology.scan(str(node.sysfs)).audit()
+    audit = _topology.PciTopology.scan(str(node.sysfs)).audit()
     (pair,) = audit["blocked_gpu_pairs"]
     assert pair["redirecting"] == ["0000:00:01.1", "0000:00:01.2"]
     assert all(p["acs_ctl"] == 0x001D for p in audit["ports"])
@@ -130,12 +130,12 @@ def test_clear_pairs_after_registers_change(lab_node):
     node = lab_node("epyc-rootport-acs")
     for bdf in ("0000:00:01.1", "0000:00:01.2"):
         path = os.path.join(str(node.sysfs), "devices", bdf, "config")
-        cfg = _pci.PciConfig(open(path, "rb").read())
+        cfg = _config_space.PciConfig(open(path, "rb").read())
         with open(path, "r+b") as handle:
             handle.seek(cfg.acs["offset"] + 6)
             handle.write((0x0011).to_bytes(2, "little"))
-        assert _pci.read_acs_ctl(str(node.sysfs), bdf, cfg.acs["offset"]) == 0x0011
-    summary = _pci.PciTopology.scan(str(node.sysfs)).audit()["summary"]
+        assert _acs.read_acs_ctl(str(node.sysfs), bdf, cfg.acs["offset"]) == 0x0011
+    summary = _topology.PciTopology.scan(str(node.sysfs)).audit()["summary"]
     assert summary["blocked_gpu_pairs"] == 0 and summary["peer_to_peer_clear"]
     assert not node.redirected(0, 1)
 
@@ -145,8 +145,10 @@ def test_truncated_config_is_a_clear_error(lab_node):
     path = os.path.join(str(node.sysfs), "devices", "0000:42:00.0", "config")
     with open(path, "r+b") as handle:
         handle.truncate(64)
-    with pytest.raises(_pci.PciConfigTruncated, match=r"0000:42:00.0: read only 64 bytes.*CAP_SYS_ADMIN.*root"):
-        _pci.PciTopology.scan(str(node.sysfs))
+    with pytest.raises(
+        _config_space.PciConfigTruncated, match=r"0000:42:00.0: read only 64 bytes.*CAP_SYS_ADMIN.*root"
+    ):
+        _topology.PciTopology.scan(str(node.sysfs))
 
 
 def truncate_config(node, bdf, size):
@@ -158,7 +160,7 @@ def truncate_config(node, bdf, size):
 def test_short_config_space_is_unknown_not_clear(lab_node, size):
     """A bridge on the GPU path read without its extended space: ACS unknown, never clear."""
     node = lab_node("epyc-rootport-acs")
-    topo = _pci.PciTopology.scan(str(node.sysfs))
+    topo = _topology.PciTopology.scan(str(node.sysfs))
     bdf = "0000:00:01.1"
     for port in topo.ports():  # ACS off everywhere: the tree would be clear...
         cfg = topo.devices[port].config
@@ -167,9 +169,9 @@ def test_short_config_space_is_unknown_not_clear(lab_node, size):
             with open(path, "r+b") as handle:
                 handle.seek(cfg.acs["offset"] + 6)
                 handle.write((0x0011).to_bytes(2, "little"))
-    assert _pci.PciTopology.scan(str(node.sysfs)).audit()["summary"]["peer_to_peer_clear"]
+    assert _topology.PciTopology.scan(str(node.sysfs)).audit()["summary"]["peer_to_peer_clear"]
     truncate_config(node, bdf, size)  # ...but one root port's extended space is not there
-    audit = _pci.PciTopology.scan(str(node.sysfs)).audit()
+    audit = _topology.PciTopology.scan(str(node.sysfs)).audit()
     assert audit["summary"]["peer_to_peer_clear"] is False
     assert audit["summary"]["acs_unknown_path_ports"] == 1
     (unknown,) = audit["acs_unknown_ports"]
@@ -183,8 +185,8 @@ def test_short_config_space_is_unknown_not_clear(lab_node, size):
 
 
 def test_missing_tree_is_a_clear_error(tmp_path):
-    with pytest.raises(_pci.PciTreeMissing, match="no PCI devices directory at .*sysfs.path"):
-        _pci.scan_tree(str(tmp_path / "nope"))
+    with pytest.raises(_sysfs.PciTreeMissing, match="no PCI devices directory at .*sysfs.path"):
+        _sysfs.scan_tree(str(tmp_path / "nope"))
 
 
 def test_header_only_scan_needs_no_config(lab_node):
@@ -193,9 +195,9 @@ def test_header_only_scan_needs_no_config(lab_node):
     for bdf in node.devices:
         with open(os.path.join(str(node.sysfs), "devices", bdf, "config"), "r+b") as handle:
             handle.truncate(64)
-    with pytest.raises(_pci.PciConfigTruncated):
-        _pci.scan_tree(str(node.sysfs))
-    devices = _pci.scan_tree(str(node.sysfs), with_config=False)
+    with pytest.raises(_config_space.PciConfigTruncated):
+        _sysfs.scan_tree(str(node.sysfs))
+    devices = _sysfs.scan_tree(str(node.sysfs), with_config=False)
     gpus = sorted(b for b, d in devices.items() if d.is_gpu)
     assert gpus == sorted(g.bdf for g in node.gpus)
     assert [b for b, d in devices.items() if d.driver == "vfio-pci"] == [node.gpus[3].bdf]
@@ -203,7 +205,7 @@ def test_header_only_scan_needs_no_config(lab_node):
 
 def test_vfio_conflicts(lab_node):
     node = lab_node("vfio-passthrough")
-    topo = _pci.PciTopology.scan(str(node.sysfs))
+    topo = _topology.PciTopology.scan(str(node.sysfs))
     vfio_gpu = node.gpus[3].bdf
     dsp_above, dsp_beside = node.chain(vfio_gpu)[0], node.chain(node.gpus[2].bdf)[0]
     # The port above the passed-through GPU, and the one beside it under the same switch.
@@ -220,13 +222,13 @@ def test_vfio_conflicts(lab_node):
 def test_scan_is_one_read_per_config_file(lab_node, monkeypatch):
     node = lab_node("h100-sxm-8x")
     reads = []
-    real = _pci.read_config
+    real = _sysfs.read_config
 
     def counting(path, bdf=None):
         reads.append(path)
         return real(path, bdf)
 
-    monkeypatch.setattr(_pci, "read_config", counting)
-    topo = _pci.PciTopology.scan(str(node.sysfs))
+    monkeypatch.setattr(_sysfs, "read_config", counting)
+    topo = _topology.PciTopology.scan(str(node.sysfs))
     topo.audit()
     assert len(reads) == len(node.devices) == len(set(reads))

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _iommu, _pci
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie import _iommu, _sysfs
 
 
 def audit(node):
@@ -133,7 +133,7 @@ def test_missing_sysfs_tree_is_an_error(lab_node, tmp_path, missing):
     node = lab_node("l40s-4x-switch")
     args = {"sysfs_root": str(node.root / "sys"), "proc_path": str(node.root / "proc"), "sysfs_path": str(node.sysfs)}
     args[missing] = str(tmp_path / "nope")
-    with pytest.raises((_iommu.IommuError, _pci.PciTreeMissing), match=str(tmp_path / "nope")):
+    with pytest.raises((_iommu.IommuError, _sysfs.PciTreeMissing), match=str(tmp_path / "nope")):
         _iommu.audit(**args)
 
 

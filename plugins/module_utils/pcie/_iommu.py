@@ -19,11 +19,7 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.gpufleet.node.plugins.module_utils._pci import (
-    DEFAULT_SYSFS_PATH,
-    read_text,
-    scan_tree,
-)
+from ansible_collections.gpufleet.node.plugins.module_utils.pcie._sysfs import DEFAULT_SYSFS_PATH, read_text, scan_tree
 
 
 class IommuError(Exception):

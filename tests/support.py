@@ -3,8 +3,9 @@
 
 One way each: run a playbook and read its PLAY RECAP (`run_playbook`), say why the lab cannot run
 here (`lab_prerequisites`), serve HTTP from a test (`FakeHTTP`, `MetricsServer`), run a module as
-Ansible does (`run_module`), boot a lab for a with-block (`own_lab`: the session's lab, which is
-`tests/conftest.py`'s `session_lab` fixture, and a module's lab of its own).
+Ansible does (`run_module`), install a node-side agent as its role does (`install_agent`), boot a
+lab for a with-block (`own_lab`: the session's lab, which is `tests/conftest.py`'s `session_lab`
+fixture, and a module's lab of its own).
 """
 
 from __future__ import annotations
@@ -32,6 +33,28 @@ needs_lspci = pytest.mark.skipif(not shutil.which("lspci"), reason="pciutils is 
 
 DEV_LINE = re.compile(r"^((?:[0-9a-f]{4}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) ")
 _ACS_LINE = re.compile(r"^\t\t(ACSCap|ACSCtl):\t(.*)$")
+
+
+# --- a node-side agent as its role installs it -----------------------------------------------------
+
+
+def install_agent(agent, lib_dir):
+    """``agent`` (its script) and the collection's code it imports, written under ``lib_dir`` as
+    its role writes them (the entries of gpufleet.node.agent_files); returns the installed script."""
+    from ansible_collections.gpufleet.node.plugins.filter.agent_files import agent_files
+
+    lib_dir = Path(lib_dir)
+    for entry in agent_files(str(agent), str(lib_dir)):
+        dest = Path(entry["dest"])
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if "file" in entry:
+            shutil.copyfile(entry["file"], dest)
+        else:
+            dest.write_text(entry["content"])
+    lib_dir.mkdir(parents=True, exist_ok=True)
+    script = lib_dir / Path(agent).name
+    shutil.copyfile(agent, script)
+    return script
 
 
 # --- ansible-playbook from a test ------------------------------------------------------------------

@@ -9,30 +9,19 @@ written whole, and the node's HAProxy agent rule answering `down`."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from ansible_collections.gpufleet.node.plugins.filter.agent_files import agent_files
 from ansible_collections.gpufleet.node.plugins.module_utils import _readiness
 from tests.integration.test_gpu_health_module import nvlinks, report
 from tests.support import run_playbook
 
 PLAYBOOK = Path(__file__).resolve().parent / "playbooks" / "gpu_health_role.yml"
-LIBS = [
-    "_atomic.py",
-    "_health.py",
-    "_nvml.py",
-    "_nvsmi.py",
-    "_nvsmi_q.py",
-    "pcie/__init__.py",
-    "pcie/_config_space.py",
-    "pcie/_path.py",
-    "pcie/_sysfs.py",
-    "pcie/_topology.py",
-    "_proc.py",
-    "_readiness.py",
-]
+WATCHER = Path(__file__).resolve().parents[2] / "roles" / "gpu_health" / "files" / "gpufleet_gpu_health_watch.py"
 XID_79 = "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
 
 pytestmark = pytest.mark.integration
@@ -140,7 +129,10 @@ def test_a_healthy_node_passes_and_a_second_run_changes_nothing(node):
     assert ({"gpu": node.bdfs[0]}, 1.0) in metrics["gpufleet_gpu_health_persistence_mode"]
     # The watcher and the rules it copies, and its unit with this node's knobs.
     lib = node.state / "usr/local/lib/gpufleet/gpu-health-watch"
-    assert sorted(str(p.relative_to(lib)) for p in lib.rglob("*.py")) == sorted(LIBS + ["gpufleet_gpu_health_watch.py"])
+    libs = [os.path.relpath(e["dest"], lib) for e in agent_files(str(WATCHER), str(lib))]
+    assert sorted(str(p.relative_to(lib)) for p in lib.rglob("*") if p.is_file()) == sorted(
+        libs + ["gpufleet_gpu_health_watch.py"]
+    )
     unit = (node.state / "etc/systemd/system/gpufleet-gpu-health-watch.service").read_text()
     assert f"--verdict {node.verdict_path} " in unit and f"--kernel-log {node.kernel_log} " in unit
     assert f"--nvidia-smi {node.smi} " in unit

@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
-import yaml
 
 from ansible_collections.gpufleet.node.plugins.module_utils import _health, _readiness  # noqa: F401 (loaded first)
-from tests.support import REPO
+from tests.support import REPO, install_agent
 
 ROLE = REPO / "roles" / "gpu_health"
+TREE = "ansible_collections/gpufleet/node/plugins/module_utils"
 WATCHER = ROLE / "files" / "gpufleet_gpu_health_watch.py"
-LIBS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["__gpu_health_watch_libs"]
 H100 = (REPO / "tests" / "data" / "nvidia-smi-q" / "h100-hbm3-535.183.01.txt").read_text()
 PENDING = H100.replace(
     "        Pending                           : No\n        Remapping",
@@ -51,12 +49,7 @@ def node(tmp_path):
     """A node's files: boot id, kernel log, the installed watcher (script and the role's copies)."""
     (tmp_path / "boot_id").write_text(BOOT + "\n")
     (tmp_path / "kern.log").write_text(BANNER)
-    lib = tmp_path / "lib"
-    lib.mkdir()
-    shutil.copy(WATCHER, lib)
-    for name in LIBS:
-        (lib / name).parent.mkdir(exist_ok=True)
-        shutil.copy(REPO / "plugins" / "module_utils" / name, lib / name)
+    install_agent(WATCHER, tmp_path / "lib")
     (tmp_path / "run").mkdir()
     return tmp_path
 
@@ -166,7 +159,7 @@ def test_once_judges_the_whole_boot_and_says_so_in_its_exit_status(node):
 
 
 def test_missing_rules_beside_the_watcher_is_a_clear_error(node):
-    (node / "lib" / "_nvsmi_q.py").unlink()
+    (node / "lib" / TREE / "_nvsmi_q.py").unlink()
     proc = subprocess.run(argv(node, "--no-gpu-poll", "--once"), capture_output=True, text=True)
     assert proc.returncode == 2 and "cannot load gpufleet.node's health rules" in proc.stdout
 
@@ -178,7 +171,7 @@ def judge(node, **extra):
         + [a for k, v in extra.items() for a in ("--" + k.replace("_", "-"), v)]
     )
     args.ecc_volatile_uncorrectable_max, args.retired_pages_max = 0, 60
-    return watch.Watch(watch.load_rules(str(REPO / "plugins" / "module_utils")), args)
+    return watch.Watch(watch.load_rules(str(REPO / ".collections")), args)
 
 
 def test_the_loss_of_a_gpu_printed_over_two_reads_is_seen(node):

@@ -6,7 +6,6 @@ and the addresses it answers. The lab's fleet tests run it under systemd (tests/
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import sys
@@ -14,19 +13,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import install_agent
+
 REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "roles" / "lb_registration" / "files" / "gpufleet_lb_agent.py"
-RULE = REPO / "plugins" / "module_utils" / "_readiness.py"
 BOOT = "2b95257e-cc50-4a2b-8260-36f6af9dc4dc"
 
 
 def installed(tmp_path):
-    """The agent as the role installs it: the script with _readiness.py beside it."""
-    lib = tmp_path / "lib"
-    lib.mkdir(exist_ok=True)
-    shutil.copy(AGENT, lib / AGENT.name)
-    shutil.copy(RULE, lib / RULE.name)
-    return lib / AGENT.name
+    """The agent as the role installs it: the script with the readiness rule's module_utils tree
+    beside it."""
+    return install_agent(AGENT, tmp_path / "lib")
 
 
 def run_agent(tmp_path, *args, stdin=subprocess.DEVNULL):

@@ -19,6 +19,20 @@ from tests.support import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "tests" / "integration" / "playbooks" / "ops_role_local.yml"
+#: The collection's code the agent imports, as a module_utils tree in its lib dir.
+TREE = "usr/local/lib/gpufleet/ansible_collections/gpufleet/node/plugins/module_utils"
+LIBS = [
+    "usr/local/lib/gpufleet/ansible_collections/__init__.py",
+    "usr/local/lib/gpufleet/ansible_collections/gpufleet/__init__.py",
+    "usr/local/lib/gpufleet/ansible_collections/gpufleet/node/__init__.py",
+    "usr/local/lib/gpufleet/ansible_collections/gpufleet/node/plugins/__init__.py",
+    f"{TREE}/__init__.py",
+    f"{TREE}/_atomic.py",
+    f"{TREE}/_haproxy.py",
+    f"{TREE}/_http.py",
+    f"{TREE}/_recycle.py",
+    f"{TREE}/_vllm_metrics.py",
+]
 
 
 def variables(tmp_path, **kw):
@@ -62,11 +76,7 @@ def test_role_installs_agent_units_and_no_swap_drop_in(ansible_env, tmp_path):
         "etc/systemd/system/gpufleet-worker-recycle.service",
         "etc/systemd/system/gpufleet-worker-recycle.timer",
         "etc/systemd/system/vllm.service.d/10-gpufleet-no-swap.conf",
-        "usr/local/lib/gpufleet/_atomic.py",
-        "usr/local/lib/gpufleet/_haproxy.py",
-        "usr/local/lib/gpufleet/_http.py",
-        "usr/local/lib/gpufleet/_recycle.py",
-        "usr/local/lib/gpufleet/_vllm_metrics.py",
+        *LIBS,
         "usr/local/lib/gpufleet/gpufleet_worker_recycle.py",
     ]
     config = json.loads((host / "etc/gpufleet/worker-recycle.json").read_text())

@@ -36,7 +36,8 @@ import threading
 import time
 import types
 
-PACKAGE = "ansible_collections.gpufleet.node.plugins.module_utils"
+#: The collection's module_utils, as the role copies them into the lib dir.
+TREE = "ansible_collections/gpufleet/node/plugins/module_utils"
 SOURCE = "gpu-health-watch"
 
 
@@ -45,27 +46,25 @@ def log(message):
 
 
 def load_rules(lib_dir):
-    """The collection's ``_atomic``, ``_health``, ``_nvsmi``, ``_nvsmi_q``, ``_proc`` and ``_readiness``, from
-    the copies the role installs in ``lib_dir`` (they import each other by the collection's
-    package name, which is mapped onto ``lib_dir`` here; no Ansible needed)."""
-    if PACKAGE not in sys.modules:
-        parts = PACKAGE.split(".")
-        for depth in range(1, len(parts) + 1):
-            name = ".".join(parts[:depth])
-            if name not in sys.modules:
-                module = types.ModuleType(name)
-                module.__path__ = []
-                sys.modules[name] = module
-                if depth > 1:
-                    setattr(sys.modules[".".join(parts[: depth - 1])], parts[depth - 1], module)
-        sys.modules[PACKAGE].__path__ = [os.path.abspath(lib_dir)]
-    import importlib
+    """The collection's ``_atomic``, ``_health``, ``_nvsmi``, ``_nvsmi_q``, ``_proc`` and
+    ``_readiness``, imported by their collection names (as a module imports them) from the copy of
+    the collection's module_utils the role installs under ``lib_dir`` (no Ansible needed)."""
+    lib_dir = os.path.abspath(lib_dir)
+    if not os.path.isdir(os.path.join(lib_dir, TREE)):
+        raise ImportError("no %s under %s" % (TREE, lib_dir))
+    if lib_dir not in sys.path:
+        sys.path.insert(0, lib_dir)
+    from ansible_collections.gpufleet.node.plugins.module_utils import (
+        _atomic,
+        _health,
+        _nvsmi,
+        _nvsmi_q,
+        _proc,
+        _readiness,
+    )
 
     return types.SimpleNamespace(
-        **{
-            name: importlib.import_module("%s.%s" % (PACKAGE, name))
-            for name in ("_atomic", "_health", "_nvsmi", "_nvsmi_q", "_proc", "_readiness")
-        }
+        _atomic=_atomic, _health=_health, _nvsmi=_nvsmi, _nvsmi_q=_nvsmi_q, _proc=_proc, _readiness=_readiness
     )
 
 
@@ -329,7 +328,7 @@ def parse_args(argv):
     parser.add_argument(
         "--lib-dir",
         default=os.path.dirname(os.path.abspath(__file__)),
-        help="where the collection's module_utils copies are (default: beside this file)",
+        help="where the role installed the collection's module_utils tree (%s; default: beside this file)" % TREE,
     )
     parser.add_argument("--log-interval", type=float, default=1.0, help="seconds between reads of the kernel log")
     parser.add_argument("--gpu-interval", type=float, default=5.0, help="seconds between nvidia-smi polls")

@@ -19,7 +19,8 @@ the node's journal, standard error here, and stay in the gate's JSON):
 check decide. The administrative words (drain, maint, ready) are said only on the node's own
 request (a JSON file under /run written by root: {"state": "drain"|"maint"|"ready", "reason":
 WORD, "until": EPOCH}), so operators' drains stay theirs otherwise. The readiness rule is
-gpufleet.node's _readiness.py, installed beside this file.
+gpufleet.node's (module_utils ``_readiness``), imported by its collection name from the copy the role
+installs beside this file (``ansible_collections/gpufleet/node/plugins/module_utils/...``).
 
 With --allow, a client whose address is not in the list gets no answer (the socket's
 IPAddressAllow= already keeps others out where the kernel supports it; this is the second check).
@@ -103,7 +104,8 @@ def read_request(path, now=None):
 
 def answer(marker, boot_id, request=None, health=None):
     """``(line, detail)``: the one line for HAProxy, and what the journal gets besides."""
-    from _readiness import agent_verdict  # installed beside this file
+    # the copy of the collection's module_utils the role installs beside this file
+    from ansible_collections.gpufleet.node.plugins.module_utils._readiness import agent_verdict
 
     word, reasons = agent_verdict(marker, boot_id, health)
     state, why = read_request(request)

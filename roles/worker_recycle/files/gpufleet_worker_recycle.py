@@ -25,6 +25,9 @@ import sys
 import time
 
 DEFAULT_CONFIG = "/etc/gpufleet/worker-recycle.json"
+#: The collection's module_utils, as the role copies them into the lib dir (imported by their
+#: collection names, as a module imports them).
+TREE = "ansible_collections/gpufleet/node/plugins/module_utils"
 #: The node's HAProxy agent (role lb_registration), which balancer method `agent` asks to drain.
 AGENT_SOCKET = "gpufleet-lb-agent.socket"
 
@@ -94,7 +97,7 @@ def load_state(path):
 
 class Agent:
     """vm, rc, hx, web, files: the collection's _vllm_metrics, _recycle, _haproxy, _http and
-    _atomic (installed beside)."""
+    _atomic (the role installs them in the lib dir, under ``TREE``)."""
 
     def __init__(self, config, vm, rc, hx, web, files, dry_run=False):
         self.cfg = config
@@ -272,17 +275,20 @@ def main(argv=None):
     except (OSError, ValueError) as exc:
         print("gpufleet-worker-recycle: cannot read %s: %s" % (args.config, exc), file=sys.stderr)
         return 2
-    sys.path.insert(0, config.get("lib_dir", "/usr/local/lib/gpufleet"))
+    lib_dir = config.get("lib_dir", "/usr/local/lib/gpufleet")
     try:
-        import _atomic as files
-        import _haproxy as hx
-        import _http as web
-        import _recycle as rc
-        import _vllm_metrics as vm
+        if not os.path.isdir(os.path.join(lib_dir, TREE)):
+            raise ImportError("no %s" % TREE)
+        sys.path.insert(0, lib_dir)
+        from ansible_collections.gpufleet.node.plugins.module_utils import _atomic as files
+        from ansible_collections.gpufleet.node.plugins.module_utils import _haproxy as hx
+        from ansible_collections.gpufleet.node.plugins.module_utils import _http as web
+        from ansible_collections.gpufleet.node.plugins.module_utils import _recycle as rc
+        from ansible_collections.gpufleet.node.plugins.module_utils import _vllm_metrics as vm
     except ImportError as exc:
         print(
-            "gpufleet-worker-recycle: %s (the role installs _atomic.py, _haproxy.py, _http.py, _recycle.py and _vllm_metrics.py "
-            "in %s)" % (exc, config.get("lib_dir")),
+            "gpufleet-worker-recycle: %s (the role installs the collection's code the agent imports under %s/%s)"
+            % (exc, lib_dir, TREE),
             file=sys.stderr,
         )
         return 2

@@ -166,11 +166,19 @@ def render(role_dir):
     for entry in sorted(specs, key=lambda e: (e != "main", e)):
         spec = specs[entry] or {}
         if list(specs) != ["main"]:
-            how = "the role itself" if entry == "main" else "`tasks_from: %s`" % entry
-            lines += ["### Entry point `%s` (%s)" % (entry, how), ""]
+            if entry == "main":
+                how = " (the role itself)"
+            elif list((role_dir / "tasks").glob(entry + ".y*ml")):
+                how = " (`tasks_from: %s`)" % entry
+            else:
+                how = ""  # documentation only (a role without tasks)
+            lines += ["### Entry point `%s`%s" % (entry, how), ""]
             if spec.get("short_description"):
                 lines += [markdown(spec["short_description"]) + ".", ""]
         options = spec.get("options") or {}
+        if entry != "main" and options and options == (specs.get("main") or {}).get("options"):
+            lines += ["The variables of the entry point `main`.", ""]
+            continue
         if not options:
             lines += ["No variables.", ""]
         for name in sorted(options):

@@ -46,6 +46,9 @@ if [[ ! -d $wheelhouse ]]; then
   "$repo/.venv/bin/pip" download -q --disable-pip-version-check --only-binary=:all: -d "$tmp" -r "$node_reqs"
   mv -T "$tmp" "$wheelhouse"
 fi
+# galaxy-importer, what Ansible Galaxy runs on an uploaded collection, in a venv of its own
+# (.venv-importer: its pins are not the controller's) for tests/integration/test_galaxy_import.py.
+bash "$repo/tests/galaxy_importer/setup.sh"
 # llama.cpp's llama-server for CPU (role llamacpp_server's tests and the lab's heterogeneous node):
 # built once from the pinned source, cached under ~/.cache/gpufleet; a second call does nothing.
 bash "$repo/scripts/build-llama-server.sh"

@@ -199,7 +199,7 @@ def playbook(state, forks, *args):
 def _pool(state):
     """A function: HAProxy's record of a node in the lab's vLLM backend, or None."""
     sys.path.insert(0, str(REPO))
-    from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import RuntimeAPI
+    from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import RuntimeAPI
 
     balancer = json.loads(lab(state, "status", "--json"))["balancer"]
     api = RuntimeAPI(balancer["runtime_socket"])

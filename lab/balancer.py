@@ -157,7 +157,7 @@ class Balancer:
         )
         if proc.returncode:
             raise LabError(f"HAProxy did not start ({proc.returncode}): {(proc.stderr or proc.stdout).strip()}")
-        from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import HAProxyError
+        from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import HAProxyError
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -185,7 +185,7 @@ class Balancer:
     def command(self, line):
         """One runtime API command over the admin socket; returns HAProxy's answer (raises
         _haproxy.HAProxyError when the socket does not answer)."""
-        from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import RuntimeAPI
+        from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import RuntimeAPI
 
         return RuntimeAPI(str(self.socket)).command(line)
 

@@ -180,7 +180,7 @@ class Machine:
             # package alone bound back (the stand-ins).
             "hide_paths": sorted({str(LAB_PACKAGE.parent), sys.prefix}),
             # the vLLM stand-in's checkpoint shapes (lab/standins/vllm_server.py)
-            "lab_files": [str(LAB_PACKAGE.parent / "plugins/module_utils/_model_profiles.py")],
+            "lab_files": [str(LAB_PACKAGE.parent / "plugins/module_utils/serving/_model_profiles.py")],
         }
         _write(self.dir / "boot.json", json.dumps(cfg, indent=1) + "\n")
 

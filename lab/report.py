@@ -37,7 +37,7 @@ def gather(fleet, settle=6.0):
     is still down, so that the report shows where the checks land rather than their start.
     """
     _collection_path()
-    from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import HAProxyError, RuntimeAPI
+    from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import HAProxyError, RuntimeAPI
 
     data = fleet.data()
     if not data:

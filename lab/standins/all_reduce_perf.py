@@ -23,7 +23,7 @@ comes from the best ring through the GPUs, each hop valued from what the node is
   1 % between runs and nodes, as nccl-tests outputs of healthy 8x H100/H200 show.
 
 These constants are the lab's own, deliberately not the collection's threshold model
-(plugins/module_utils/_nccl.py): the stand-in must not share the bugs of what it tests.
+(plugins/module_utils/nccl/): the stand-in must not share the bugs of what it tests.
 
 Like CUDA, only GPUs bound to the `nvidia` driver exist (CUDA_VISIBLE_DEVICES, by index or UUID,
 filters further);

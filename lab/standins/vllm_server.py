@@ -10,7 +10,7 @@ pool <= 0 or one that cannot hold a single `max_model_len` request ends start-up
 ValueError text (vllm/v1/core/kv_cache_planning.py, 0.33.0) and exit status 1.
 
 The memory constants are the lab's own ("what the GPU measured"), deliberately not the
-collection's planner (plugins/module_utils/_kvplan.py), which estimates them more conservatively:
+collection's planner (plugins/module_utils/serving/_kvplan.py), which estimates them more conservatively:
 the stand-in must not share the bugs of what it tests.
 
     vllm serve [MODEL] [--config FILE] [--host H] [--port P] [--tensor-parallel-size N] ...
@@ -66,14 +66,14 @@ def _load_checkpoints():
     MLA latent width or 0, hidden, vocab).
 
     Their shapes come from ONE place, the collection's data file
-    ``plugins/module_utils/_model_profiles.py`` (config.json fields and parameter counts), loaded by
+    ``plugins/module_utils/serving/_model_profiles.py`` (config.json fields and parameter counts), loaded by
     its path: the shape of a checkpoint is the fact this stand-in simulates, as the hardware model's
     GPUs are, so the planner and the lab cannot disagree about it. Nothing else of the collection is
     imported (not the planner, which this stand-in checks): the bytes a checkpoint takes on the GPU
     and the memory vLLM measures at start-up are the lab's own arithmetic below, written from vLLM's
     behaviour (quantized checkpoints keep the embeddings and lm_head in 16 bits), not from _kvplan.
     """
-    path = Path(__file__).resolve().parents[2] / "plugins" / "module_utils" / "_model_profiles.py"
+    path = Path(__file__).resolve().parents[2] / "plugins" / "module_utils" / "serving" / "_model_profiles.py"
     spec = importlib.util.spec_from_file_location("_gpufleet_lab_model_profiles", path)
     data = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(data)

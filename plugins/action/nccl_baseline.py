@@ -2,13 +2,13 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Action of gpufleet.node.nccl_baseline: the NCCL gate's peer baseline store, on the controller,
-with no module run on any node (see the module's documentation and module_utils/_baseline.py)."""
+with no module run on any node (see the module's documentation and module_utils/nccl/_baseline.py)."""
 
 from __future__ import annotations
 
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _baseline
+from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _baseline
 
 ARGUMENT_SPEC = {
     "path": {"type": "path", "required": True},

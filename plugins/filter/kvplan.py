@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _kvplan, _vllm
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _kvplan, _vllm
 
 
 def kv_plan(args):

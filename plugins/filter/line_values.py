@@ -6,14 +6,14 @@
     ExecStart={{ my_bin | gpufleet.node.unit_value('my_bin') }} --flag
 
 Each returns the value as text or fails the task naming the variable (never its value); the
-rules are in ``plugins/module_utils/_linevalue.py``.
+rules are in ``plugins/module_utils/common/_linevalue.py``.
 """
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _linevalue
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _linevalue
 
 
 def _checked(check, *args):

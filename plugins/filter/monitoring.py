@@ -9,7 +9,7 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.parsing.convert_bool import boolean
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _recycle, _vllm_metrics
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _recycle, _vllm_metrics
 
 _SOURCES = {
     # vllm_metrics_info / vllm_load_test: KV usage, waiting queue, preemptions, TTFT p95

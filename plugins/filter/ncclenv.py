@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _ncclenv
+from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _env
 
 
 def gpu_runtime_env(
@@ -14,7 +14,7 @@ def gpu_runtime_env(
 ):
     """Derive the GPU services' env from ``gpu_topology`` facts; returns ``{'env', 'why', 'warnings'}``."""
     try:
-        return _ncclenv.runtime_env(
+        return _env.runtime_env(
             topology=topology or {},
             nics=nics,
             rdma=rdma,
@@ -22,7 +22,7 @@ def gpu_runtime_env(
             user_env=user_env,
             alloc_conf=alloc_conf,
         )
-    except _ncclenv.EnvError as exc:
+    except _env.EnvError as exc:
         raise AnsibleFilterError("gpu_runtime_env: %s" % exc) from exc
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _backend
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _backend
 
 
 def serving_backend(requested, gpu_memory_mib, model="", vllm=None, llamacpp=None, recorded=None):
-    """``{'backend', 'requested', 'reason', 'plans'}`` for this host (see module_utils/_backend.py).
+    """``{'backend', 'requested', 'reason', 'plans'}`` for this host (see module_utils/serving/_backend.py).
 
     ``vllm``: the vLLM plan's inputs (``model``, ``gpu``, ``gpu_count``, ``overrides``,
     ``expected_request_len``, ``gpu_memory_mib``, ``oversubscription_factor``, ``reserves``);

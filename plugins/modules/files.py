@@ -197,7 +197,7 @@ import base64
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _files
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _files
 
 FILE_OPTIONS = {
     "dest": {"type": "path", "required": True},

@@ -338,7 +338,15 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _health, _proc
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _proc
+from ansible_collections.gpufleet.node.plugins.module_utils.health import (
+    _checks,
+    _collect,
+    _kernel_log,
+    _pci_facts,
+    _thresholds,
+    _verdict,
+)
 
 try:
     import pynvml
@@ -418,8 +426,8 @@ def collect(module, run, notes):
             notes.append("NVML: the pynvml module (nvidia-ml-py) is not installed")
         else:
             try:
-                return _health.collect_nvml(pynvml), "nvml"
-            except _health.NvmlUnavailable as exc:
+                return _collect.collect_nvml(pynvml), "nvml"
+            except _collect.NvmlUnavailable as exc:
                 if backend == "nvml":
                     module.fail_json(msg="NVML: %s" % exc, cause="nvml_unavailable")
                 notes.append("NVML: %s" % exc)
@@ -432,7 +440,7 @@ def collect(module, run, notes):
             "the NVIDIA driver or set nvidia_smi_path" % "; ".join(notes),
             backend_notes=notes,
         )
-    return _health.collect_nvidia_smi(run, binary), "nvidia_smi"
+    return _collect.collect_nvidia_smi(run, binary), "nvidia_smi"
 
 
 def main():
@@ -454,8 +462,8 @@ def main():
     )
     for name in THRESHOLD_OPTIONS:
         argument_spec[name] = dict(type="int")
-        if _health.DEFAULT_THRESHOLDS[name] is not None:
-            argument_spec[name]["default"] = _health.DEFAULT_THRESHOLDS[name]
+        if _thresholds.DEFAULT_THRESHOLDS[name] is not None:
+            argument_spec[name]["default"] = _thresholds.DEFAULT_THRESHOLDS[name]
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     params = module.params
     if params["timeout"] <= 0:
@@ -466,13 +474,13 @@ def main():
     try:
         record, used = collect(module, run, notes)
         log_text, log_source, log_error = read_kernel_log(module, run)
-        xids, sxids = _health.parse_kernel_log(log_text)
-        pci = _health.pci_facts(params["sysfs_path"])
+        xids, sxids = _kernel_log.parse_kernel_log(log_text)
+        pci = _pci_facts.pci_facts(params["sysfs_path"])
         needs_fm = params["fabric_manager"] == "required" or (
-            params["fabric_manager"] == "auto" and _health.nvswitch_system(record["gpus"], pci)
+            params["fabric_manager"] == "auto" and _checks.nvswitch_system(record["gpus"], pci)
         )
         fm_state = fabric_manager_state(module, run) if needs_fm else params["fabric_manager_state"]
-    except _health.HealthError as exc:
+    except _collect.HealthError as exc:
         module.fail_json(msg=str(exc), cause=exc.cause, backend=used or params["backend"], backend_notes=notes)
     except CommandTimeout as exc:
         module.fail_json(
@@ -487,14 +495,14 @@ def main():
         "fabric_manager": params["fabric_manager"],
         "fabric_manager_state": fm_state,
         "require_peermem": params["require_peermem"],
-        "peermem_loaded": _health.peermem_loaded(params["proc_path"], params["sys_module_path"]),
+        "peermem_loaded": _pci_facts.peermem_loaded(params["proc_path"], params["sys_module_path"]),
         "expect_gpu_count": params["expect_gpu_count"],
         "nvlink_expected_speed_gbps": params["nvlink_expected_speed_gbps"],
         "sxid_fatal_codes": params["sxid_fatal_codes"],
         "kernel_log_error": log_error,
     }
-    checks = _health.run_checks(record, xids, sxids, pci, options)
-    passed, _failed, _warned = _health.verdict(checks)
+    checks = _checks.run_checks(record, xids, sxids, pci, options)
+    passed, _failed, _warned = _verdict.verdict(checks)
     health = {
         "backend": used,
         "driver_version": record["driver_version"],

@@ -275,7 +275,8 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _gpu, _proc
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _proc
+from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _topology_facts
 
 try:
     import pynvml
@@ -292,7 +293,7 @@ def run_nvidia_smi(module):
     def run(argv):
         result = _proc.run(argv, timeout, environment={"LC_ALL": "C"})
         if result.timed_out:
-            raise _gpu.GpuTopologyError(
+            raise _topology_facts.GpuTopologyError(
                 "nvidia_smi_timeout",
                 "%s: a hung nvidia-smi usually means a wedged driver or GPU (look for Xid errors in "
                 "dmesg); raise timeout only if this node is known to be slow" % _proc.describe_timeout(argv, timeout),
@@ -312,7 +313,7 @@ def find_nvidia_smi(module):
 def no_tool_result(module, notes, causes):
     """Neither NVML nor nvidia-smi could be used: fine without NVIDIA GPUs, else a failure."""
     sysfs_path = module.params["sysfs_path"]
-    in_tree = _gpu.sysfs_nvidia_gpus(sysfs_path)
+    in_tree = _topology_facts.sysfs_nvidia_gpus(sysfs_path)
     if in_tree:
         module.fail_json(
             msg="%s; yet the PCI tree at %s holds NVIDIA GPU(s) %s: install and load the NVIDIA driver "
@@ -320,8 +321,8 @@ def no_tool_result(module, notes, causes):
             % ("; ".join(causes), sysfs_path, ", ".join(in_tree)),
             backend_notes=notes,
         )
-    record = _gpu.empty_record()
-    facts = _gpu.build_facts(record, "none", sysfs_path, module.params["expect"])
+    record = _topology_facts.empty_record()
+    facts = _topology_facts.build_facts(record, "none", sysfs_path, module.params["expect"])
     return facts
 
 
@@ -368,9 +369,9 @@ def main():
                 notes.append("NVML: the pynvml module (nvidia-ml-py) is not installed")
             else:
                 try:
-                    record = _gpu.collect_nvml(pynvml)
+                    record = _topology_facts.collect_nvml(pynvml)
                     used = "nvml"
-                except _gpu.NvmlUnavailable as exc:
+                except _topology_facts.NvmlUnavailable as exc:
                     if backend == "nvml":
                         facts = no_tool_result(module, notes, ["NVML: %s" % exc])
                     notes.append("NVML: %s" % exc)
@@ -379,20 +380,20 @@ def main():
             if binary is None:
                 facts = no_tool_result(module, notes, notes + ["nvidia-smi is not on PATH"])
             else:
-                record = _gpu.collect_nvidia_smi(run_nvidia_smi(module), binary)
+                record = _topology_facts.collect_nvidia_smi(run_nvidia_smi(module), binary)
                 used = "nvidia_smi"
         if record is not None:
-            _gpu.check_driver_sees_gpus(record, used, sysfs_path)
-    except _gpu.GpuTopologyError as exc:
+            _topology_facts.check_driver_sees_gpus(record, used, sysfs_path)
+    except _topology_facts.GpuTopologyError as exc:
         # A driver that is not loaded on a host whose PCI tree has no NVIDIA GPU: nothing to see.
-        if exc.cause == "driver_not_loaded" and _gpu.sysfs_nvidia_gpus(sysfs_path) == []:
+        if exc.cause == "driver_not_loaded" and _topology_facts.sysfs_nvidia_gpus(sysfs_path) == []:
             notes.append("%s (no NVIDIA GPU in the PCI tree at %s)" % (exc, sysfs_path))
-            facts = _gpu.build_facts(_gpu.empty_record(), "none", sysfs_path, expect)
+            facts = _topology_facts.build_facts(_topology_facts.empty_record(), "none", sysfs_path, expect)
         else:
             module.fail_json(msg=str(exc), cause=exc.cause, backend=used or backend, backend_notes=notes)
 
     if facts is None:
-        facts = _gpu.build_facts(record, used, sysfs_path, expect)
+        facts = _topology_facts.build_facts(record, used, sysfs_path, expect)
     violations = facts["violations"]
     result = dict(
         changed=False,

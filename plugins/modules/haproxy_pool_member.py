@@ -226,7 +226,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import (
+from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import (
     HAProxyError,
     RuntimeAPI,
     check_address,

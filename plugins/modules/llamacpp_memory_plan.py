@@ -19,7 +19,7 @@ description:
   - Reserves per GPU - the CUDA context, the compute buffer (estimated from O(ubatch_size),
     O(flash_attn), the context and the model's shape, plus the copies that llama.cpp's op offload
     makes of host-resident weights) and a free margin - are documented in the collection's
-    C(plugins/module_utils/_llamaplan.py) with their sources, and overridable.
+    C(plugins/module_utils/serving/_llamaplan.py) with their sources, and overridable.
   - Reports a misfit in RV(fits) and RV(reasons) and never fails on it; the caller refuses. Fails on
     inputs that describe no plan (unknown profile, unreadable GGUF file, bad numbers), naming the option.
   - Pure computation, changes nothing. O(model_path) needs the Python package C(gguf) where the
@@ -192,7 +192,7 @@ plan:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.node.plugins.module_utils._llamaplan import (
+from ansible_collections.gpufleet.node.plugins.module_utils.serving._llamaplan import (
     CACHE_TYPES,
     QUANTS,
     PlanError,

@@ -392,7 +392,15 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _baseline, _design, _nccl
+from ansible_collections.gpufleet.node.plugins.module_utils.nccl import (
+    _baseline,
+    _command,
+    _design,
+    _diagnose,
+    _judge,
+    _output,
+    _threshold,
+)
 from ansible_collections.gpufleet.node.plugins.module_utils.pcie import _config_space, _sysfs
 
 SEARCH_DIRS = ["/usr/local/bin", "/opt/nccl-tests/build", "/usr/local/nccl-tests/build"]
@@ -453,7 +461,7 @@ def _decide(module, expected, design_key):
         module.warn(f"the peer baseline of design {design_key} is not used: {problem}")
     elif isinstance(entry, dict):
         stat = _baseline.statistic(entry.get("samples") or [], p["host"], p["baseline_window"])
-    decision = _baseline.decide(
+    decision = _threshold.decide(
         expected, p["threshold_fraction"], design_key, stat, p["baseline_fraction"], p["baseline_min_samples"]
     )
     if problem:
@@ -485,8 +493,8 @@ def main():
             min_busbw_gbps=dict(type="str", default="auto"),
             threshold_fraction=dict(type="float", default=0.85),
             baselines=dict(type="dict", default={}),
-            baseline_fraction=dict(type="float", default=_baseline.DEFAULT_FRACTION),
-            baseline_min_samples=dict(type="int", default=_baseline.DEFAULT_MIN_SAMPLES),
+            baseline_fraction=dict(type="float", default=_threshold.DEFAULT_FRACTION),
+            baseline_min_samples=dict(type="int", default=_threshold.DEFAULT_MIN_SAMPLES),
             baseline_window=dict(type="int", default=_baseline.DEFAULT_WINDOW),
             host=dict(type="str"),
             sysfs_path=dict(type="path"),
@@ -512,7 +520,7 @@ def main():
         if p[name] < 1:
             module.fail_json(msg=f"{name} must be at least 1, got {p[name]}")
     try:
-        min_bytes, max_bytes = _nccl.parse_size(p["min_bytes"]), _nccl.parse_size(p["max_bytes"])
+        min_bytes, max_bytes = _command.parse_size(p["min_bytes"]), _command.parse_size(p["max_bytes"])
     except ValueError as e:
         module.fail_json(msg=f"min_bytes/max_bytes: {e}")
     if min_bytes > max_bytes:
@@ -521,7 +529,7 @@ def main():
     visible = _visible_devices(environment, topology)
     gpus = p["gpus"]
     if gpus is None:
-        gpus = len(_nccl.select_gpus(topology, None, visible))
+        gpus = len(_threshold.select_gpus(topology, None, visible))
     if gpus < 1:
         module.fail_json(
             msg="no GPUs to test: the topology facts list none; gather them with "
@@ -531,7 +539,7 @@ def main():
     design_key, design = _design_of(module, topology)
     if design_key:
         try:
-            used = sorted(g["index"] for g in _nccl.select_gpus(topology, gpus, visible))
+            used = sorted(g["index"] for g in _threshold.select_gpus(topology, gpus, visible))
         except ValueError:
             used = None
         if used is not None and len(used) != design["gpu_count"]:
@@ -540,7 +548,7 @@ def main():
     expected, model, decision = None, None, None
     if p["min_busbw_gbps"].strip().lower() == "auto":
         try:
-            model = _nccl.expected_busbw(topology, gpus, visible)
+            model = _threshold.expected_busbw(topology, gpus, visible)
         except (ValueError, KeyError, TypeError) as e:
             module.fail_json(
                 msg=f"cannot derive the auto threshold from the topology facts: {e}; pass "
@@ -575,7 +583,7 @@ def main():
             msg=f"{binary} is not an executable file: build nccl-tests "
             "(make -C nccl-tests) or point binary at all_reduce_perf"
         )
-    argv = _nccl.build_argv(
+    argv = _command.build_argv(
         binary, min_bytes, max_bytes, p["step_factor"], gpus, p["iters"], p["warmup_iters"], p["check"]
     )
 
@@ -606,16 +614,16 @@ def main():
     best = None
     stdout = ""
     while len(result["runs"]) < p["repeats"]:
-        rc, stdout, timed_out, duration = _nccl.run(argv, environment, p["timeout"])
-        parsed = _nccl.parse(stdout)
+        rc, stdout, timed_out, duration = _command.run(argv, environment, p["timeout"])
+        parsed = _output.parse(stdout)
         rows = parsed["rows"]
         causes = None
         if rows and not timed_out:
-            measured = _nccl.judged_busbw(rows, p["judge_sizes"])[0]
+            measured = _output.judged_busbw(rows, p["judge_sizes"])[0]
             if measured < threshold:
                 peer_median = decision["baseline"]["median"] if decision and decision["rule"] == "peer_median" else None
-                causes = _nccl.diagnose(topology, environment, measured, expected or threshold, peer_median)
-        verdict = _nccl.judge(
+                causes = _diagnose.diagnose(topology, environment, measured, expected or threshold, peer_median)
+        verdict = _judge.judge(
             parsed,
             threshold,
             p["judge_sizes"],
@@ -656,8 +664,8 @@ def main():
         judged_busbw_gbps=verdict["judged_busbw_gbps"],
         reason=verdict["reason"],
         kind=verdict["kind"],
-        rows=_nccl.json_safe(parsed["rows"]),
-        avg_busbw_gbps=_nccl.json_safe(parsed["avg_busbw_gbps"]),
+        rows=_judge.json_safe(parsed["rows"]),
+        avg_busbw_gbps=_judge.json_safe(parsed["avg_busbw_gbps"]),
         out_of_bounds=parsed["out_of_bounds"],
         timestamp=time.time(),
     )

@@ -126,7 +126,8 @@ import json
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _http, _readiness
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _http
+from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _readiness
 
 
 def _get(url, p, headers=None):

@@ -283,7 +283,7 @@ vfio_conflicts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _proc
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _proc
 from ansible_collections.gpufleet.node.plugins.module_utils.pcie._acs import (
     SCOPES,
     AcsPlanError,

@@ -226,9 +226,9 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _http
-from ansible_collections.gpufleet.node.plugins.module_utils import _loadtest as lt
-from ansible_collections.gpufleet.node.plugins.module_utils import _vllm_metrics as vm
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _http
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _loadtest as lt
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _vllm_metrics as vm
 
 #: Seconds one scrape of the server's /metrics may take during the run.
 SCRAPE_TIMEOUT = 10.0

@@ -248,7 +248,7 @@ plan:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.node.plugins.module_utils._kvplan import KV_CACHE_DTYPES, PlanError, plan
+from ansible_collections.gpufleet.node.plugins.module_utils.serving._kvplan import KV_CACHE_DTYPES, PlanError, plan
 
 #: The plan's keys returned at the top level of the result.
 RETURNED_KEYS = (

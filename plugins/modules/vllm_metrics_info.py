@@ -225,8 +225,8 @@ url:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _http
-from ansible_collections.gpufleet.node.plugins.module_utils import _vllm_metrics as vm
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _http
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _vllm_metrics as vm
 
 
 def metrics_url(url):

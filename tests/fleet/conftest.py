@@ -262,7 +262,7 @@ class LabFleet:
     def pool(self):
         """{name: server} of the fleet's nodes in the vLLM backend, from HAProxy's runtime API
         (the spare node of the session's lab may be there too: the operations tests' business)."""
-        from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import RuntimeAPI
+        from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import RuntimeAPI
 
         servers = RuntimeAPI(self.balancer["runtime_socket"]).servers(self.balancer["backend"])
         return {name: server for name, server in servers.items() if name not in self.session_only()}
@@ -284,7 +284,7 @@ class LabFleet:
 
     def deregister(self, node):
         """Take node out of the pool behind the playbooks' back (test set-up only)."""
-        from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import RuntimeAPI, config_with_server
+        from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import RuntimeAPI, config_with_server
 
         api = RuntimeAPI(self.balancer["runtime_socket"])
         if node in api.servers(BACKEND):

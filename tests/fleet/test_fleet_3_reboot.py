@@ -95,7 +95,8 @@ def test_reboot_with_the_boot_units(fleet, converged):
     # the node sees neither the controller's checkout (but the lab package and the vLLM stand-in's
     # model shapes) nor its venv: boot validation runs the runtime site.yml installed from the wheelhouse
     assert fleet.sh(node, f"ls -A {REPO}").split() == ["lab", "plugins"]
-    assert fleet.sh(node, f"ls -A {REPO}/plugins/module_utils").split() == ["_model_profiles.py"]
+    assert fleet.sh(node, f"ls -A {REPO}/plugins/module_utils").split() == ["serving"]
+    assert fleet.sh(node, f"ls -A {REPO}/plugins/module_utils/serving").split() == ["_model_profiles.py"]
     assert fleet.sh(node, f"test -e {sys.prefix}/bin/ansible-playbook || echo hidden").strip() == "hidden"
     unit = host.file("/etc/systemd/system/gpufleet-validate.service").content_string
     assert f"ExecStart={RUNTIME}/venv/bin/ansible-playbook gpufleet.node.validate\n" in unit, unit

@@ -124,7 +124,7 @@ class HealthLab(support.SessionLab):
 
     # --- the balancer: put a node in, as registration leaves it, so that "out" can fail ---------
     def api(self):
-        from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import RuntimeAPI
+        from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import RuntimeAPI
 
         return RuntimeAPI(str(self.state / "haproxy.sock"))
 
@@ -132,7 +132,7 @@ class HealthLab(support.SessionLab):
         return Path(self.fleet.balancer().spec["config"])
 
     def register(self, *nodes):
-        from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import (
+        from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import (
             config_with_server,
             server_line,
             server_spec,

@@ -302,7 +302,7 @@ def test_data_from_outside_never_runs_as_a_template_on_the_node(ansible_env, tmp
     the node-local ansible.cfg and inventory, renders every variable: each comes back as the
     literal text, and no payload ran, on the controller or on the node."""
     from ansible_collections.gpufleet.node.plugins.filter.boot_validation import _Data, _NodeInventoryDumper
-    from ansible_collections.gpufleet.node.plugins.module_utils import _model_profiles
+    from ansible_collections.gpufleet.node.plugins.module_utils.serving import _model_profiles
     from lab import hwmodel as hw
     from tests.unit.test_llamaplan import write_gguf_header
 

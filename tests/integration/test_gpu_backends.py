@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import lab.hwmodel as hw
-from ansible_collections.gpufleet.node.plugins.module_utils import _gpu
+from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _topology_facts
 from lab.standins import nvidia_smi as smi
 from tests.support import run_playbook
 
@@ -73,8 +73,8 @@ class Recorder:
 
 def facts_both(node, nvml, expect=None):
     sysfs = str(node.sysfs)
-    a = _gpu.build_facts(_gpu.collect_nvml(nvml), "b", sysfs, expect)
-    b = _gpu.build_facts(_gpu.collect_nvidia_smi(in_process, "nvidia-smi"), "b", sysfs, expect)
+    a = _topology_facts.build_facts(_topology_facts.collect_nvml(nvml), "b", sysfs, expect)
+    b = _topology_facts.build_facts(_topology_facts.collect_nvidia_smi(in_process, "nvidia-smi"), "b", sysfs, expect)
     return a, b
 
 
@@ -233,7 +233,7 @@ def test_p2p_message_without_redirecting_bridge(machine, nvml):
     a, _b = facts_both(node, nvml)
     facts = copy.deepcopy(a)
     facts["pci_tree"]["redirecting"]["GPU0"]["GPU1"] = []
-    violations = _gpu.evaluate(facts, {"p2p_all_pairs": True})
+    violations = _topology_facts.evaluate(facts, {"p2p_all_pairs": True})
     assert violations[0]["bridges"] == ["0000:42:00.0", "0000:42:01.0"]
     assert "no bridge on that path redirects (ACS)" in violations[0]["message"]
 
@@ -241,7 +241,7 @@ def test_p2p_message_without_redirecting_bridge(machine, nvml):
 def test_nvidia_smi_argv_through_the_real_wrapper(machine):
     machine("l40s-4x-switch")
     recorder = Recorder(NVSMI)
-    record = _gpu.collect_nvidia_smi(recorder, NVSMI)
+    record = _topology_facts.collect_nvidia_smi(recorder, NVSMI)
     assert recorder.calls == [
         [
             NVSMI,
@@ -268,35 +268,35 @@ def test_nvidia_smi_argv_through_the_real_wrapper(machine):
 )
 def test_nvidia_smi_failures_name_the_cause(machine, fault, cause, text):
     machine("l40s-4x-switch", fault=fault)
-    with pytest.raises(_gpu.GpuTopologyError) as info:
-        _gpu.collect_nvidia_smi(Recorder(NVSMI), NVSMI)
+    with pytest.raises(_topology_facts.GpuTopologyError) as info:
+        _topology_facts.collect_nvidia_smi(Recorder(NVSMI), NVSMI)
     assert info.value.cause == cause and text in str(info.value)
 
 
 def test_no_devices_gives_empty_facts(machine, nvml):
     node = machine("l40s-4x-switch", fault="no-devices")
-    record = _gpu.collect_nvidia_smi(in_process, "nvidia-smi")
-    assert record == _gpu.empty_record()
-    assert _gpu.collect_nvml(nvml)["gpus"] == []
-    facts = _gpu.build_facts(record, "nvidia_smi", str(node.sysfs))
+    record = _topology_facts.collect_nvidia_smi(in_process, "nvidia-smi")
+    assert record == _topology_facts.empty_record()
+    assert _topology_facts.collect_nvml(nvml)["gpus"] == []
+    facts = _topology_facts.build_facts(record, "nvidia_smi", str(node.sysfs))
     assert facts["no_gpus"] and facts["gpu_count"] == 0 and facts["violations"] == []
     assert len(facts["pci_tree"]["other_gpus"]) == 4
-    facts = _gpu.build_facts(record, "nvidia_smi", str(node.sysfs), {"gpu_count": 4})
+    facts = _topology_facts.build_facts(record, "nvidia_smi", str(node.sysfs), {"gpu_count": 4})
     assert facts["violations"][0]["check"] == "gpu_count"
 
 
 def test_nvml_failures(machine, nvml, monkeypatch):
     machine("l40s-4x-switch", fault="driver-not-loaded")
-    with pytest.raises(_gpu.NvmlUnavailable, match="Driver Not Loaded") as info:
-        _gpu.collect_nvml(nvml)
+    with pytest.raises(_topology_facts.NvmlUnavailable, match="Driver Not Loaded") as info:
+        _topology_facts.collect_nvml(nvml)
     assert info.value.code == nvml.NVML_ERROR_DRIVER_NOT_LOADED
     monkeypatch.setenv(smi.FAULT_ENV, "lost:1")
-    with pytest.raises(_gpu.GpuTopologyError, match="handle for GPU 1 .Unknown Error.") as lost:
-        _gpu.collect_nvml(nvml)
+    with pytest.raises(_topology_facts.GpuTopologyError, match="handle for GPU 1 .Unknown Error.") as lost:
+        _topology_facts.collect_nvml(nvml)
     assert lost.value.cause == "gpu_lost"
     monkeypatch.delenv("GPUFLEET_LAB_ROOT")
-    with pytest.raises(_gpu.NvmlUnavailable, match="NVML Shared Library Not Found"):
-        _gpu.collect_nvml(nvml)
+    with pytest.raises(_topology_facts.NvmlUnavailable, match="NVML Shared Library Not Found"):
+        _topology_facts.collect_nvml(nvml)
 
 
 def test_stub_refuses_the_tuple_read_index(machine, nvml):
@@ -334,8 +334,8 @@ def test_nvml_bytes_strings_are_decoded(machine, nvml):
 
             return call
 
-    expected = _gpu.collect_nvml(nvml)
-    assert _gpu.collect_nvml(BytesNvml()) == expected
+    expected = _topology_facts.collect_nvml(nvml)
+    assert _topology_facts.collect_nvml(BytesNvml()) == expected
     assert expected["gpus"][0]["pci_bus_id"] == "0000:01:00.0"
 
 

@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ansible_collections.gpufleet.node.plugins.filter.agent_files import agent_files
-from ansible_collections.gpufleet.node.plugins.module_utils import _readiness
+from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _readiness
 from tests.integration.test_gpu_health_module import nvlinks, report
 from tests.support import run_playbook
 

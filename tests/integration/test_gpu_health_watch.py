@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _health, _readiness  # noqa: F401 (loaded first)
+from ansible_collections.gpufleet.node.plugins.module_utils.health import _checks  # noqa: F401 (loaded first)
+from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _readiness
 from tests.support import REPO, install_agent
 
 ROLE = REPO / "roles" / "gpu_health"
@@ -159,7 +160,7 @@ def test_once_judges_the_whole_boot_and_says_so_in_its_exit_status(node):
 
 
 def test_missing_rules_beside_the_watcher_is_a_clear_error(node):
-    (node / "lib" / TREE / "_nvsmi_q.py").unlink()
+    (node / "lib" / TREE / "gpu" / "_nvsmi_q.py").unlink()
     proc = subprocess.run(argv(node, "--no-gpu-poll", "--once"), capture_output=True, text=True)
     assert proc.returncode == 2 and "cannot load gpufleet.node's health rules" in proc.stdout
 
@@ -204,7 +205,7 @@ def test_a_verdict_rewritten_while_the_failure_stands_is_written_again(node):
 
 
 def test_uncorrectable_ecc_and_a_failing_nvidia_smi(node):
-    from ansible_collections.gpufleet.node.plugins.module_utils import _nvsmi_q
+    from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _nvsmi_q
 
     w = judge(node)
     gpus = _nvsmi_q.parse_query(H100)["gpus"]

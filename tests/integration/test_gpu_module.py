@@ -12,7 +12,7 @@ import pytest
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _proc
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _proc
 from ansible_collections.gpufleet.node.plugins.modules import gpu_topology_facts as mod
 from lab.standins import nvidia_smi as smi
 

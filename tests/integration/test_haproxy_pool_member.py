@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils._haproxy import RuntimeAPI
+from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import RuntimeAPI
 from tests.support import FakeHTTP, run_playbook
 
 pytestmark = pytest.mark.skipif(not shutil.which("haproxy"), reason="haproxy is not installed")

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""module_utils/_http.py, the one bounded HTTP client, against real local servers that misbehave
+"""module_utils/common/_http.py, the one bounded HTTP client, against real local servers that misbehave
 (one that drips its answer, one whose answer is too large), and the modules that read HTTP
 through it (vllm_metrics_info, vllm_load_test, node_readiness_info): http/https only, one
 overall deadline, a size limit (issue 12: a deadline on every wait, a limit on every read)."""
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _http
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _http
 
 BOOT = "2b95257e-cc50-4a2b-8260-36f6af9dc4dc"
 

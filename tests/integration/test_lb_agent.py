@@ -156,7 +156,7 @@ def recycle_agent(tmp_path, monkeypatch, socket_state="active"):
     import importlib.machinery
     import importlib.util
 
-    from ansible_collections.gpufleet.node.plugins.module_utils import _atomic
+    from ansible_collections.gpufleet.node.plugins.module_utils.common import _atomic
 
     path = REPO / "roles" / "worker_recycle" / "files" / "gpufleet_worker_recycle.py"
     loader = importlib.machinery.SourceFileLoader("gpufleet_worker_recycle", str(path))

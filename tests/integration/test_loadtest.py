@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _loadtest as lt
-from ansible_collections.gpufleet.node.plugins.module_utils import _vllm_metrics as vm
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _loadtest as lt
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _vllm_metrics as vm
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM = REPO / "lab" / "bin" / "vllm"

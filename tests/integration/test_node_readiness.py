@@ -206,7 +206,7 @@ def test_a_failed_gpu_health_verdict_of_this_boot_keeps_a_node_out(tmp_path, run
         "fallen off the bus, fail) (action: reboot)"
     ]
     # The node's HAProxy agent: the same rule, the same words.
-    from ansible_collections.gpufleet.node.plugins.module_utils import _readiness
+    from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _readiness
 
     assert _readiness.agent_answer(a["marker_path"], a["boot_id_path"]) == "down #" + res["reasons"][0]
 

@@ -27,11 +27,14 @@ LIBS = [
     "usr/local/lib/gpufleet/ansible_collections/gpufleet/node/__init__.py",
     "usr/local/lib/gpufleet/ansible_collections/gpufleet/node/plugins/__init__.py",
     f"{TREE}/__init__.py",
-    f"{TREE}/_atomic.py",
-    f"{TREE}/_haproxy.py",
-    f"{TREE}/_http.py",
-    f"{TREE}/_recycle.py",
-    f"{TREE}/_vllm_metrics.py",
+    f"{TREE}/common/__init__.py",
+    f"{TREE}/common/_atomic.py",
+    f"{TREE}/common/_http.py",
+    f"{TREE}/lb/__init__.py",
+    f"{TREE}/lb/_haproxy.py",
+    f"{TREE}/serving/__init__.py",
+    f"{TREE}/serving/_recycle.py",
+    f"{TREE}/serving/_vllm_metrics.py",
 ]
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from plugins.module_utils import _recycle, _vllm_metrics
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _recycle, _vllm_metrics
 from tests.support import DASHBOARD, dashboard, dashboard_queries
 from tests.support import dashboard_panels as panels
 

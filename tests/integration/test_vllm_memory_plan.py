@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _kvplan
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _kvplan
 from tests import support
 
 REPO = Path(__file__).resolve().parents[2]

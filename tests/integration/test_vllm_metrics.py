@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _vllm_metrics as vm
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _vllm_metrics as vm
 from lab.standins.vllm_engine import Engine
 from tests.support import MetricsServer
 

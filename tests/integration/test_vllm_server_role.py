@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _vllm
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _vllm
 from tests import support
 
 REPO = Path(__file__).resolve().parents[2]

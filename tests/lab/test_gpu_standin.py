@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _nvsmi
+from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _nvsmi
 from lab.standins import nvidia_smi as smi
 
 REPO = Path(__file__).resolve().parents[2]

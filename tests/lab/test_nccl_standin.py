@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import lab.hwmodel as hw
-from ansible_collections.gpufleet.node.plugins.module_utils import _nccl
+from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _judge, _output
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "lab" / "bin" / "all_reduce_perf"
@@ -20,11 +20,11 @@ STANDIN = REPO / "lab" / "bin" / "all_reduce_perf"
 def run(node, *args, **env):
     full_env = dict(os.environ, GPUFLEET_LAB_ROOT=str(node.root), GPUFLEET_LAB_SEED="1", **env)
     proc = subprocess.run([str(STANDIN), *args], capture_output=True, text=True, env=full_env, timeout=60)
-    return proc.returncode, proc.stdout, _nccl.parse(proc.stdout)
+    return proc.returncode, proc.stdout, _output.parse(proc.stdout)
 
 
 def busbw(parsed):
-    return _nccl.judged_busbw(parsed["rows"], 2)[0]
+    return _output.judged_busbw(parsed["rows"], 2)[0]
 
 
 def clear_acs(node):
@@ -92,7 +92,7 @@ def test_profile_faults(tmp_path, fault, rc):
     node = hw.build("l40s-4x-switch", tmp_path / "n", fault={"allreduce": fault})
     code, _out, parsed = run(node, "-b", "256K", "-e", "16M", "-f", "2", "-g", "4")
     assert code == rc
-    verdict = _nccl.judge(parsed, 1.0, rc=code)
+    verdict = _judge.judge(parsed, 1.0, rc=code)
     assert not verdict["passed"]
     if fault == "wrong":
         assert parsed["oob_status"] == "FAILED" and parsed["rows"][0]["wrong_oop"] == 0

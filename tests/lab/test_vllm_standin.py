@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _kvplan, _vllm
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _kvplan, _vllm
 from lab.standins import vllm_server as standin
 
 REPO = Path(__file__).resolve().parents[2]
@@ -192,7 +192,7 @@ def test_refusal_exits_1_without_opening_the_port(lab_node, tmp_path):
 
 
 def test_the_checkpoint_table_comes_from_the_model_profiles():
-    """One source for the checkpoints' shapes (plugins/module_utils/_model_profiles.py), read by
+    """One source for the checkpoints' shapes (plugins/module_utils/serving/_model_profiles.py), read by
     the stand-in by path: every profile is a checkpoint the lab has, with the profile's shape."""
     assert set(standin.CHECKPOINTS) == {p["hf_id"] for p in _kvplan.MODEL_PROFILES.values()}
     for profile in _kvplan.MODEL_PROFILES.values():

@@ -39,24 +39,40 @@ def tree(*names):
             "roles/gpu_health/files/gpufleet_gpu_health_watch.py",
             tree(
                 "__init__.py",
-                "_atomic.py",
-                "_health.py",
-                "_nvml.py",
-                "_nvsmi.py",
-                "_nvsmi_q.py",
-                "_proc.py",
-                "_readiness.py",
+                "common/__init__.py",
+                "common/_atomic.py",
+                "common/_proc.py",
+                "gpu/__init__.py",
+                "gpu/_nvsmi.py",
+                "gpu/_nvsmi_q.py",
+                "health/__init__.py",
+                "health/_checks.py",
+                "health/_kernel_log.py",
+                "health/_thresholds.py",
+                "health/_verdict.py",
+                "nccl/__init__.py",
+                "nccl/_readiness.py",
                 "pcie/__init__.py",
-                "pcie/_config_space.py",
                 "pcie/_path.py",
-                "pcie/_sysfs.py",
-                "pcie/_topology.py",
             ),
         ),
-        ("roles/lb_registration/files/gpufleet_lb_agent.py", tree("__init__.py", "_readiness.py")),
+        (
+            "roles/lb_registration/files/gpufleet_lb_agent.py",
+            tree("__init__.py", "nccl/__init__.py", "nccl/_readiness.py"),
+        ),
         (
             "roles/worker_recycle/files/gpufleet_worker_recycle.py",
-            tree("__init__.py", "_atomic.py", "_haproxy.py", "_http.py", "_recycle.py", "_vllm_metrics.py"),
+            tree(
+                "__init__.py",
+                "common/__init__.py",
+                "common/_atomic.py",
+                "common/_http.py",
+                "lb/__init__.py",
+                "lb/_haproxy.py",
+                "serving/__init__.py",
+                "serving/_recycle.py",
+                "serving/_vllm_metrics.py",
+            ),
         ),
     ],
 )
@@ -78,14 +94,14 @@ def test_sources_are_the_collection_files_and_inits_are_empty():
 def test_imports_in_function_bodies_and_through_other_files_count(tmp_path):
     agent = tmp_path / "agent.py"
     agent.write_text(
-        "def main():\n    from ansible_collections.gpufleet.node.plugins.module_utils._readiness import agent_verdict\n"
+        "def main():\n    from ansible_collections.gpufleet.node.plugins.module_utils.nccl._readiness import agent_verdict\n"
     )
-    assert tree("_readiness.py")[0] in installed(agent)
+    assert tree("nccl/_readiness.py")[0] in installed(agent)
     # _backend imports _kvplan, _llamaplan (which imports _gguf inside a function) and _vllm ...
-    agent.write_text("import ansible_collections.gpufleet.node.plugins.module_utils._backend\n")
+    agent.write_text("import ansible_collections.gpufleet.node.plugins.module_utils.serving._backend\n")
     files = installed(agent)
     for name in ("_backend.py", "_kvplan.py", "_llamaplan.py", "_gguf.py", "_model_profiles.py", "_vllm.py"):
-        assert f"{TREE}/{name}" in files
+        assert f"{TREE}/serving/{name}" in files
 
 
 def test_an_import_the_collection_does_not_have_fails(tmp_path):

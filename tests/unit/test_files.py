@@ -12,7 +12,7 @@ import os
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _files
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _files
 from ansible_collections.gpufleet.node.plugins.modules.files import ARGUMENT_SPEC, specs
 
 

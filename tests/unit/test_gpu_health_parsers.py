@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""_nvsmi_q and the kernel-log parser of _health on real outputs (sources: the README beside each
+"""_nvsmi_q and the kernel-log parser of health/_kernel_log on real outputs (sources: the README beside each
 sample in tests/data/nvidia-smi-q and tests/data/kernel-log)."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _health, _nvsmi, _nvsmi_q
+from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _nvsmi, _nvsmi_q
+from ansible_collections.gpufleet.node.plugins.module_utils.health import _kernel_log, _pci_facts
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 Q = DATA / "nvidia-smi-q"
@@ -95,14 +96,14 @@ def test_nvlink_links_agree_with_the_topology_parser():
 
 
 def test_xid_dmesg_T_unknown_pid_and_pid():
-    xids, sxids = _health.parse_kernel_log((LOG / "dmesg-T-xid13-109.log").read_text())
+    xids, sxids = _kernel_log.parse_kernel_log((LOG / "dmesg-T-xid13-109.log").read_text())
     assert sxids == [] and [x["code"] for x in xids] == [13, 13, 13, 109]
     assert xids[0]["bdf"] == "0000:cb:00" and xids[0]["pid"] is None
     assert xids[3]["pid"] == 1797828 and xids[3]["message"].startswith("name=pt_main_thread, Ch 00000008")
 
 
 def test_xid_journalctl_caused_by_previous_keeps_own_code():
-    xids, _ = _health.parse_kernel_log((LOG / "journalctl-k-xid45-caused-by.log").read_text())
+    xids, _ = _kernel_log.parse_kernel_log((LOG / "journalctl-k-xid45-caused-by.log").read_text())
     assert {x["code"] for x in xids} == {45} and len(xids) == 7
     assert xids[0] == {
         "bdf": "0000:dc:00",
@@ -113,30 +114,30 @@ def test_xid_journalctl_caused_by_previous_keeps_own_code():
 
 
 def test_xid_old_driver_without_pci_prefix_and_fallen_off_bus_without_xid():
-    xids, _ = _health.parse_kernel_log((LOG / "kern-log-old-xid-no-pci-prefix.log").read_text())
+    xids, _ = _kernel_log.parse_kernel_log((LOG / "kern-log-old-xid-no-pci-prefix.log").read_text())
     assert [(x["bdf"], x["code"]) for x in xids] == [("0000:01:00", 16), ("0000:01:00", 16), ("0000:01:00", 8)]
-    xids, _ = _health.parse_kernel_log((LOG / "dmesg-fallen-off-bus.log").read_text())
+    xids, _ = _kernel_log.parse_kernel_log((LOG / "dmesg-fallen-off-bus.log").read_text())
     assert [(x["bdf"], x["code"]) for x in xids] == [("0000:b3:00", 79)]
 
 
 def test_sxid_lines_plain_and_iso_prefixes():
-    _, sxids = _health.parse_kernel_log((LOG / "dmesg-sxid-22013.log").read_text())
+    _, sxids = _kernel_log.parse_kernel_log((LOG / "dmesg-sxid-22013.log").read_text())
     assert len(sxids) == 6 and {(s["bdf"], s["code"]) for s in sxids} == {("0000:04:00.0", 22013)}
-    _, sxids = _health.parse_kernel_log((LOG / "dmesg-kern-err-sxid-12028.log").read_text())
+    _, sxids = _kernel_log.parse_kernel_log((LOG / "dmesg-kern-err-sxid-12028.log").read_text())
     assert [(s["bdf"], s["code"]) for s in sxids] == [("0000:84:00.0", 12028)]
 
 
 def test_only_this_boot_of_a_captured_journal():
     old = (LOG / "journalctl-k-xid45-caused-by.log").read_text()
     text = old + "-- Boot 0123456789abcdef --\nkernel: Linux version 6.8.0-49-generic\n"
-    assert _health.parse_kernel_log(text) == ([], [])
+    assert _kernel_log.parse_kernel_log(text) == ([], [])
     text = "[    0.000000] Linux version 6.8.0\n" + (LOG / "dmesg-fallen-off-bus.log").read_text()
-    assert [x["code"] for x in _health.parse_kernel_log(text)[0]] == [79]
+    assert [x["code"] for x in _kernel_log.parse_kernel_log(text)[0]] == [79]
 
 
 def test_nvlink_xid_severity_from_the_line():
-    xids, _ = _health.parse_kernel_log((LOG / "nvlink-xid-144-149.log").read_text())
-    verdicts = {x["code"]: _health.xid_verdict(x)[0] for x in xids}
+    xids, _ = _kernel_log.parse_kernel_log((LOG / "nvlink-xid-144-149.log").read_text())
+    verdicts = {x["code"]: _kernel_log.xid_verdict(x)[0] for x in xids}
     assert verdicts == {144: "warn", 149: "fail", 145: "warn", 94: "fail"}
     assert xids[2]["bdf"] == "0018:01:00"
 
@@ -146,8 +147,8 @@ def test_aer_files_and_link_speed():
         "RxErr 0\nBadTLP 2\nBadDLLP 1\nRollover 0\nTimeout 0\nNonFatalErr 0\nCorrIntErr 0\n"
         "HeaderOF 0\nTOTAL_ERR_COR 3\n"
     )
-    assert _health.parse_aer(text, "TOTAL_ERR_COR") == 3
-    assert _health.parse_aer("Undefined 0\nDLP 1\n", "TOTAL_ERR_FATAL") == 1
-    assert _health.parse_aer(None, "TOTAL_ERR_FATAL") is None
-    assert _health.link_gen("16.0 GT/s PCIe") == 4 and _health.link_gen("32.0 GT/s PCIe") == 5
-    assert _health.link_gen("Unknown") is None
+    assert _pci_facts.parse_aer(text, "TOTAL_ERR_COR") == 3
+    assert _pci_facts.parse_aer("Undefined 0\nDLP 1\n", "TOTAL_ERR_FATAL") == 1
+    assert _pci_facts.parse_aer(None, "TOTAL_ERR_FATAL") is None
+    assert _pci_facts.link_gen("16.0 GT/s PCIe") == 4 and _pci_facts.link_gen("32.0 GT/s PCIe") == 5
+    assert _pci_facts.link_gen("Unknown") is None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _gpu, _nvsmi
+from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _nvsmi, _topology_facts
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "nvidia-smi"
 
@@ -269,7 +269,7 @@ def test_topology_summary_exact(sample):
             for g in parsed["gpus"]
         ],
     }
-    summary = _gpu.summarize(record, labels)
+    summary = _topology_facts.summarize(record, labels)
     worst, best, nvlink, numa = SUMMARY[sample]
     n = len(labels)
     assert (summary["worst_link"], summary["best_link"], summary["nvlink"], summary["numa_nodes"]) == (
@@ -387,7 +387,7 @@ def test_collect_from_real_outputs():
             ),
         }
     )
-    record = _gpu.collect_nvidia_smi(run, "nvidia-smi")
+    record = _topology_facts.collect_nvidia_smi(run, "nvidia-smi")
     assert run.calls == [
         list(_nvsmi.query_argv("x")[1:]),
         ["topo", "-m"],
@@ -411,7 +411,7 @@ def test_collect_from_real_outputs():
     }
     assert record["links"] == {"GPU0": {"GPU0": "X", "GPU1": "PHB"}, "GPU1": {"GPU0": "PHB", "GPU1": "X"}}
     assert record["p2p"]["read"]["GPU0"]["GPU1"] == "GNS" and record["p2p"]["nvlink"]["GPU1"]["GPU0"] == "NS"
-    summary = _gpu.summarize(record, ["GPU0", "GPU1"])
+    summary = _topology_facts.summarize(record, ["GPU0", "GPU1"])
     assert summary["p2p_all_pairs"] is False and summary["p2p_pairs_not_ok"] == [["GPU0", "GPU1"]]
 
 
@@ -428,19 +428,22 @@ def test_collect_rejects_disagreeing_outputs_and_failed_commands():
         "topo -p2p w": (0, read("club3090-1133-2x5090-phb-gns", "p2p-rw.txt"), ""),
     }
     with pytest.raises(
-        _gpu.GpuTopologyError, match="`nvidia-smi topo -p2p w` shows GPU0 GPU1, `topo -m` GPU0 GPU1 GPU2 GPU3 GPU4"
+        _topology_facts.GpuTopologyError,
+        match="`nvidia-smi topo -p2p w` shows GPU0 GPU1, `topo -m` GPU0 GPU1 GPU2 GPU3 GPU4",
     ) as info:
-        _gpu.collect_nvidia_smi(Scripted(base), "nvidia-smi")
+        _topology_facts.collect_nvidia_smi(Scripted(base), "nvidia-smi")
     assert info.value.cause == "nvidia_smi_output"
     failing = dict(base)
     failing["topo -p2p w"] = (3, "", "Operation not supported on this GPU\n")
-    with pytest.raises(_gpu.GpuTopologyError, match="`nvidia-smi topo -p2p w` exited 3: Operation not supported"):
-        _gpu.collect_nvidia_smi(Scripted(failing), "nvidia-smi")
+    with pytest.raises(
+        _topology_facts.GpuTopologyError, match="`nvidia-smi topo -p2p w` exited 3: Operation not supported"
+    ):
+        _topology_facts.collect_nvidia_smi(Scripted(failing), "nvidia-smi")
     lost = dict(base)
     lost["topo -m"] = (15, read("failures", "gpu-lost-handle-nospace.txt"), "")
-    with pytest.raises(_gpu.GpuTopologyError) as info:
-        _gpu.collect_nvidia_smi(Scripted(lost), "nvidia-smi")
+    with pytest.raises(_topology_facts.GpuTopologyError) as info:
+        _topology_facts.collect_nvidia_smi(Scripted(lost), "nvidia-smi")
     assert info.value.cause == "gpu_lost" and "0000:07:00.0" in str(info.value)
     none = dict(base)
     none[next(iter(base))] = (6, read("failures", "no-devices.txt"), "")
-    assert _gpu.collect_nvidia_smi(Scripted(none), "nvidia-smi") == _gpu.empty_record()
+    assert _topology_facts.collect_nvidia_smi(Scripted(none), "nvidia-smi") == _topology_facts.empty_record()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _nvsmi
+from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _nvsmi
 
 FIELDS = _nvsmi.QUERY_FIELDS
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _haproxy as H
+from ansible_collections.gpufleet.node.plugins.module_utils.lb import _haproxy as H
 
 MODULE = Path(__file__).resolve().parents[2] / "plugins/modules/haproxy_pool_member.py"
 _spec = importlib.util.spec_from_file_location("haproxy_pool_member", MODULE)

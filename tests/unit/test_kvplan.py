@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _kvplan as kv
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _kvplan as kv
 
 GiB = 1024**3
 A100_80GB = 81920
@@ -464,7 +464,7 @@ def test_model_profiles_have_one_home_that_is_plain_data():
     import ast
     from pathlib import Path
 
-    from ansible_collections.gpufleet.node.plugins.module_utils import _model_profiles
+    from ansible_collections.gpufleet.node.plugins.module_utils.serving import _model_profiles
 
     assert kv.MODEL_PROFILES is _model_profiles.MODEL_PROFILES
     tree = ast.parse(Path(_model_profiles.__file__).read_text())

@@ -13,7 +13,8 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.node.plugins.filter import line_values
-from ansible_collections.gpufleet.node.plugins.module_utils import _linevalue, _ncclenv
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _linevalue
+from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _env
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "hf_abcdef0123456789"
@@ -68,8 +69,8 @@ def test_filters_fail_the_task_naming_the_variable():
 
 def test_the_runtime_env_uses_the_same_check():
     """gpu_runtime_env refuses in Python what the templates refuse: the same function, same words."""
-    with pytest.raises(_ncclenv.EnvError) as err:
-        _ncclenv.runtime_env({}, user_env={"OMP_NUM_THREADS": "8\nLD_PRELOAD=/tmp/evil.so"})
+    with pytest.raises(_env.EnvError) as err:
+        _env.runtime_env({}, user_env={"OMP_NUM_THREADS": "8\nLD_PRELOAD=/tmp/evil.so"})
     with pytest.raises(_linevalue.LineValueError) as same:
         _linevalue.env_value("8\nLD_PRELOAD=/tmp/evil.so", "OMP_NUM_THREADS")
     assert str(err.value) == str(same.value)

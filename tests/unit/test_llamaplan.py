@@ -16,8 +16,8 @@ import os
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _llamaplan as lp
-from ansible_collections.gpufleet.node.plugins.module_utils import _model_profiles
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _llamaplan as lp
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _model_profiles
 
 gguf = pytest.importorskip("gguf")
 
@@ -239,7 +239,7 @@ def test_bad_inputs_name_the_option(kwargs, match):
 
 
 def test_llamacpp_metric_names_are_read_as_the_running_and_waiting_figures():
-    from ansible_collections.gpufleet.node.plugins.module_utils import _vllm_metrics
+    from ansible_collections.gpufleet.node.plugins.module_utils.serving import _vllm_metrics
 
     # llama-server --metrics (tools/server/server.cpp of the pinned llama.cpp: HELP, TYPE, sample)
     text = (

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The NCCL gate's peer baselines (plugins/module_utils/_baseline.py): which verdicts count, the
+"""The NCCL gate's peer baselines (plugins/module_utils/nccl/_baseline.py, the rule in nccl/_threshold.py): which verdicts count, the
 robust statistic, the threshold rule, and the store under concurrent writers and corruption."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _baseline
+from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _baseline, _threshold
 
 KEY = "h100-80gb-hbm3-8x-nvswitch-4f1c0a9e"
 
@@ -82,14 +82,14 @@ def test_statistic_of_identical_figures_keeps_them_all():
 
 def test_rule_peer_median_over_the_physics_floor():
     stat = {"median": 471.2, "count": 14, "hosts": [], "outliers": []}
-    d = _baseline.decide(450.0, 0.85, "h100-sxm-8x-nvswitch", stat, fraction=0.95, min_samples=5)
+    d = _threshold.decide(450.0, 0.85, "h100-sxm-8x-nvswitch", stat, fraction=0.95, min_samples=5)
     assert d["rule"] == "peer_median" and d["threshold_gbps"] == 447.64 and d["physics_floor_gbps"] == 382.5
     assert d["rule_text"] == "0.95 x the median 471.2 GB/s of 14 healthy nodes of design h100-sxm-8x-nvswitch"
 
 
 def test_rule_physics_floor_until_enough_peers_and_when_higher():
     few = {"median": 471.2, "count": 4, "hosts": [], "outliers": []}
-    d = _baseline.decide(450.0, 0.85, "k", few, min_samples=5)
+    d = _threshold.decide(450.0, 0.85, "k", few, min_samples=5)
     assert d["rule"] == "physics_floor" and d["threshold_gbps"] == 382.5 and d["baseline_gbps"] is None
     assert d["rule_text"] == (
         "the physics floor 382.50 GB/s (0.85 x the 450.00 GB/s the model gives a healthy node of this "
@@ -97,17 +97,17 @@ def test_rule_physics_floor_until_enough_peers_and_when_higher():
     )
     # A design whose peers all run low (ACS on everywhere) never lowers the bar under the floor.
     low = {"median": 11.6, "count": 9, "hosts": [], "outliers": []}
-    d = _baseline.decide(24.58, 0.85, "k", low)
+    d = _threshold.decide(24.58, 0.85, "k", low)
     assert d["rule"] == "physics_floor" and d["threshold_gbps"] == 20.89
     assert "; above 0.96 x the median 11.6 GB/s of 9 healthy nodes of design k" in d["rule_text"]
-    assert _baseline.decide(24.58, 0.85, "k")["rule_text"].endswith("; no peer baseline yet for design k")
+    assert _threshold.decide(24.58, 0.85, "k")["rule_text"].endswith("; no peer baseline yet for design k")
 
 
 def test_default_fraction_separates_one_nvlink_down_from_healthy_spread():
     # One NVLink of 18 down costs 1/18; healthy nodes spread about 1 % (4 sigma of 0.5 % node
     # spread under 0.96 is 0.98): the default sits between with room on both sides.
-    assert 1 - 1 / 18 < _baseline.DEFAULT_FRACTION - 0.01
-    assert _baseline.DEFAULT_FRACTION < 1 - 4 * 0.005 - 0.01
+    assert 1 - 1 / 18 < _threshold.DEFAULT_FRACTION - 0.01
+    assert _threshold.DEFAULT_FRACTION < 1 - 4 * 0.005 - 0.01
 
 
 # --- the store ----------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The design key of the NCCL gate (plugins/module_utils/_design.py): equal for the same hardware
+"""The design key of the NCCL gate (plugins/module_utils/nccl/_design.py): equal for the same hardware
 however it trained today, different for other hardware."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import copy
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _design
+from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _design
 from tests.unit.test_nccl_model import topology_facts
 
 

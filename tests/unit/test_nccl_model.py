@@ -1,12 +1,12 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The auto threshold model of the NCCL gate (plugins/module_utils/_nccl.py), on every lab profile."""
+"""The auto threshold model of the NCCL gate (plugins/module_utils/nccl/_threshold.py), on every lab profile."""
 
 from __future__ import annotations
 
 import pytest
 
 import lab.hwmodel as hw
-from ansible_collections.gpufleet.node.plugins.module_utils import _nccl
+from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _diagnose, _threshold
 
 
 def topology_facts(node):
@@ -63,7 +63,7 @@ def test_auto_threshold_on_every_profile(lab_node, any_profile):
     node = lab_node(any_profile)
     facts = topology_facts(node)
     gbps, worst, ngpus = EXPECTED[any_profile]
-    model = _nccl.expected_busbw(facts)
+    model = _threshold.expected_busbw(facts)
     assert model["expected_gbps"] == pytest.approx(gbps, abs=0.01)
     assert model["worst_link"] == worst
     assert sorted(model["ring"]) == list(range(ngpus))
@@ -72,7 +72,7 @@ def test_auto_threshold_on_every_profile(lab_node, any_profile):
 def test_l40s_physics_floor_under_seed_000s_22_gbps(lab_node):
     # The physics floor (x0.85) sits under seed 000's 22 GB/s and over every fault the model
     # knows (ACS redirect ~x0.5, x8 x0.5, host memory x0.72); the peers judge closer.
-    model = _nccl.expected_busbw(topology_facts(lab_node("l40s-4x-switch")))
+    model = _threshold.expected_busbw(topology_facts(lab_node("l40s-4x-switch")))
     assert round(model["expected_gbps"] * 0.85, 2) == 20.89
     # The best ring keeps each switch's pair adjacent: two PIX hops, two PHB hops.
     ring = model["ring"]
@@ -81,24 +81,24 @@ def test_l40s_physics_floor_under_seed_000s_22_gbps(lab_node):
 
 
 def test_degraded_link_does_not_lower_the_bar(lab_node):
-    healthy = _nccl.expected_busbw(topology_facts(lab_node("l40s-4x-switch")))
+    healthy = _threshold.expected_busbw(topology_facts(lab_node("l40s-4x-switch")))
     facts = topology_facts(lab_node("l40s-x8-degraded"))
     assert facts["gpus"][2]["pcie"]["width_current"] == 8
-    assert _nccl.expected_busbw(facts)["expected_gbps"] == healthy["expected_gbps"]
+    assert _threshold.expected_busbw(facts)["expected_gbps"] == healthy["expected_gbps"]
 
 
 def test_gpu_subset_and_visible_devices(lab_node):
     facts = topology_facts(lab_node("l40s-4x-switch"))
-    pair = _nccl.expected_busbw(facts, count=2)
+    pair = _threshold.expected_busbw(facts, count=2)
     assert pair["worst_link"] == "PIX" and pair["expected_gbps"] == pytest.approx(25.21, abs=0.01)
-    across = _nccl.expected_busbw(facts, visible=[1, 2])
+    across = _threshold.expected_busbw(facts, visible=[1, 2])
     assert across["worst_link"] == "PHB" and across["worst_pair"] == [1, 2]
     with pytest.raises(ValueError, match="at least 2 GPUs"):
-        _nccl.expected_busbw(facts, count=1)
+        _threshold.expected_busbw(facts, count=1)
     with pytest.raises(ValueError, match="5 GPUs requested"):
-        _nccl.expected_busbw(facts, count=5)
+        _threshold.expected_busbw(facts, count=5)
     with pytest.raises(ValueError, match="GPU 7"):
-        _nccl.expected_busbw(facts, visible=[0, 7])
+        _threshold.expected_busbw(facts, visible=[0, 7])
 
 
 def _synthetic(links, names=("NVIDIA A100-SXM4-80GB",) * 2, gen=4):
@@ -122,15 +122,15 @@ def test_worst_link_of_the_best_ring_mixed_nvlink_bridges():
         "GPU2": {"GPU0": "SYS", "GPU1": "SYS", "GPU3": "NV4"},
         "GPU3": {"GPU0": "SYS", "GPU1": "SYS", "GPU2": "NV4"},
     }
-    model = _nccl.expected_busbw(_synthetic(links, names=("NVIDIA A40",) * 4))
+    model = _threshold.expected_busbw(_synthetic(links, names=("NVIDIA A40",) * 4))
     assert model["worst_link"] == "SYS"
     assert model["expected_gbps"] == pytest.approx(31.51 * 0.5, abs=0.01)
 
 
 def test_nvlink5_per_link_rate():
     links = {"GPU0": {"GPU1": "NV18"}, "GPU1": {"GPU0": "NV18"}}
-    b200 = _nccl.expected_busbw(_synthetic(links, names=("NVIDIA B200",) * 2))
-    h100 = _nccl.expected_busbw(_synthetic(links, names=("NVIDIA H100 80GB HBM3",) * 2))
+    b200 = _threshold.expected_busbw(_synthetic(links, names=("NVIDIA B200",) * 2))
+    h100 = _threshold.expected_busbw(_synthetic(links, names=("NVIDIA H100 80GB HBM3",) * 2))
     assert b200["expected_gbps"] == 720.0 and h100["expected_gbps"] == 360.0  # a bridge, no NVSwitch
 
 
@@ -140,38 +140,38 @@ def _all_pairs(n, cls):
 
 def test_nvswitch_model_is_the_nvls_era_figure():
     # 8x H100/H200 with NVLink SHARP reach 440-480 GB/s (nccl-tests issue 272: 475 on 8x H200).
-    h100 = _nccl.expected_busbw(_synthetic(_all_pairs(8, "NV18"), names=("NVIDIA H100 80GB HBM3",) * 8))
-    h200 = _nccl.expected_busbw(_synthetic(_all_pairs(8, "NV18"), names=("NVIDIA H200",) * 8))
+    h100 = _threshold.expected_busbw(_synthetic(_all_pairs(8, "NV18"), names=("NVIDIA H100 80GB HBM3",) * 8))
+    h200 = _threshold.expected_busbw(_synthetic(_all_pairs(8, "NV18"), names=("NVIDIA H200",) * 8))
     assert h100["expected_gbps"] == h200["expected_gbps"] == 450.0
     assert "via NVSwitch (NVLS)" in h100["basis"]
     # A100 has no NVLS (230 GB/s measured): 12 x 25 x 0.8; Blackwell has no published figure yet.
-    a100 = _nccl.expected_busbw(_synthetic(_all_pairs(8, "NV12"), names=("NVIDIA A100-SXM4-80GB",) * 8))
-    b200 = _nccl.expected_busbw(_synthetic(_all_pairs(8, "NV18"), names=("NVIDIA B200",) * 8))
+    a100 = _threshold.expected_busbw(_synthetic(_all_pairs(8, "NV12"), names=("NVIDIA A100-SXM4-80GB",) * 8))
+    b200 = _threshold.expected_busbw(_synthetic(_all_pairs(8, "NV18"), names=("NVIDIA B200",) * 8))
     assert a100["expected_gbps"] == 240.0 and b200["expected_gbps"] == 720.0
     # Four H100 bonded directly (NV6 each, 18 links / 3 peers) is no NVSwitch system.
-    assert not _nccl.nvswitch_system(_synthetic(_all_pairs(4, "NV6"), names=("NVIDIA H100 80GB HBM3",) * 4))
-    direct = _nccl.expected_busbw(_synthetic(_all_pairs(4, "NV6"), names=("NVIDIA H100 80GB HBM3",) * 4))
+    assert not _threshold.nvswitch_system(_synthetic(_all_pairs(4, "NV6"), names=("NVIDIA H100 80GB HBM3",) * 4))
+    direct = _threshold.expected_busbw(_synthetic(_all_pairs(4, "NV6"), names=("NVIDIA H100 80GB HBM3",) * 4))
     assert direct["expected_gbps"] == 120.0
 
 
 def test_model_errors_name_what_is_missing():
     with pytest.raises(ValueError, match="no link type between GPU0 and GPU1"):
-        _nccl.expected_busbw(_synthetic({}))
+        _threshold.expected_busbw(_synthetic({}))
     facts = _synthetic({"GPU0": {"GPU1": "PIX"}})
     del facts["gpus"][0]["pcie"]["gen_max"]
     with pytest.raises(ValueError, match="gen_max"):
-        _nccl.expected_busbw(facts)
+        _threshold.expected_busbw(facts)
     with pytest.raises(ValueError, match="unknown link type 'FOO'"):
-        _nccl.expected_busbw(_synthetic({"GPU0": {"GPU1": "FOO"}}))
+        _threshold.expected_busbw(_synthetic({"GPU0": {"GPU1": "FOO"}}))
 
 
 def test_diagnose_names_a_link_trained_down(lab_node):
-    causes = _nccl.diagnose(topology_facts(lab_node("l40s-x8-degraded")))
+    causes = _diagnose.diagnose(topology_facts(lab_node("l40s-x8-degraded")))
     assert causes[0].startswith("GPU2 (0000:48:00.0) trained to x8 of x16 below port 0000:47:00.0: a link trained down")
 
 
 def test_diagnose_names_acs_from_p2p_status(lab_node):
-    causes = _nccl.diagnose(topology_facts(lab_node("l40s-4x-switch")))
+    causes = _diagnose.diagnose(topology_facts(lab_node("l40s-4x-switch")))
     assert len(causes) == 1
     assert causes[0].startswith(
         "the topology facts showed peer-to-peer reads not OK between GPU0-GPU1 CNS, GPU0-GPU2 CNS"
@@ -181,10 +181,12 @@ def test_diagnose_names_acs_from_p2p_status(lab_node):
         "on a bridge between the GPUs, unless it was cleared since" in causes[0]
     )
     # NVLink pairs are not blamed for what their PCIe path does.
-    assert _nccl.diagnose(topology_facts(lab_node("h100-sxm-8x"))) == []
+    assert _diagnose.diagnose(topology_facts(lab_node("h100-sxm-8x"))) == []
 
 
 def test_diagnose_environment_and_fallback():
-    assert _nccl.diagnose({}, {"NCCL_P2P_DISABLE": "1"}) == ["NCCL_P2P_DISABLE is set: NCCL copies through host memory"]
-    half = _nccl.diagnose({}, {}, measured=11.6, expected=24.58)
+    assert _diagnose.diagnose({}, {"NCCL_P2P_DISABLE": "1"}) == [
+        "NCCL_P2P_DISABLE is set: NCCL copies through host memory"
+    ]
+    half = _diagnose.diagnose({}, {}, measured=11.6, expected=24.58)
     assert half[0].startswith("about half the expected bandwidth: typical of ACS P2P redirect")

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """all_reduce_perf output as real runs print it (tests/data/nccl/*.txt, source beside each file),
-read by plugins/module_utils/_nccl.py, and the gate's verdict on each."""
+read by plugins/module_utils/nccl/_output.py, and the gate's verdict on each."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _nccl
+from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _command, _judge, _output
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "nccl"
 SAMPLES = sorted(p.stem for p in DATA.glob("*.txt"))
 
 
 def parsed(name):
-    return _nccl.parse((DATA / f"{name}.txt").read_text())
+    return _output.parse((DATA / f"{name}.txt").read_text())
 
 
 def test_every_sample_records_its_source():
@@ -197,7 +197,7 @@ def test_old_format_error_floats_and_no_redop():
 # Out of bounds values : 0 OK
 # Avg bus bandwidth    : 0.0
 """
-    out = _nccl.parse(text)
+    out = _output.parse(text)
     assert out["columns"] == "old" and out["has_root"] is False
     assert out["rows"][0]["error_oop"] == 1e-07 and out["rows"][0]["redop"] is None
     assert out["rows"][1]["error_ip"] == 3e-08
@@ -212,12 +212,12 @@ def test_newest_format_and_loader_warnings():
 
 
 def test_launcher_prefixes_are_stripped():
-    assert _nccl.strip_prefix("[1,0]<stdout>:# Out of bounds values : 0 OK") == "# Out of bounds values : 0 OK"
-    assert _nccl.strip_prefix(" 0:            8             2") == "           8             2"
-    assert _nccl.strip_prefix("13: host:1:2 [5] NCCL INFO x") == "host:1:2 [5] NCCL INFO x"
-    assert _nccl.strip_prefix("[0] h100:497888 NCCL INFO") == "h100:497888 NCCL INFO"
+    assert _output.strip_prefix("[1,0]<stdout>:# Out of bounds values : 0 OK") == "# Out of bounds values : 0 OK"
+    assert _output.strip_prefix(" 0:            8             2") == "           8             2"
+    assert _output.strip_prefix("13: host:1:2 [5] NCCL INFO x") == "host:1:2 [5] NCCL INFO x"
+    assert _output.strip_prefix("[0] h100:497888 NCCL INFO") == "h100:497888 NCCL INFO"
     row = "           8             2     float     sum      -1    42.56    0.00    0.00      0"
-    assert _nccl.strip_prefix(row) == row
+    assert _output.strip_prefix(row) == row
 
 
 def test_crash_lines_are_kept():
@@ -229,7 +229,7 @@ def test_crash_lines_are_kept():
 def test_a_garbled_row_is_noise_not_data():
     text = (DATA / "h100nvl-2node-v2.18-bad.txt").read_text()
     text = text.replace("     1100000", "[0]     75.38    0.05    0.10      0\n     1100000", 1)
-    out = _nccl.parse(text)
+    out = _output.parse(text)
     assert len(out["rows"]) == 11 and out["noise_lines"] == 1
 
 
@@ -252,7 +252,7 @@ VERDICTS = {
 @pytest.mark.parametrize("name", SAMPLES)
 def test_verdict(name):
     kind, judged, threshold = VERDICTS[name]
-    verdict = _nccl.judge(parsed(name), threshold, judge_sizes=2)
+    verdict = _judge.judge(parsed(name), threshold, judge_sizes=2)
     assert verdict["kind"] == kind
     assert verdict["passed"] is (kind == "ok")
     assert verdict["judged_busbw_gbps"] == judged
@@ -268,16 +268,16 @@ def test_at_least_two_real_samples_fail_and_both_transports_are_covered():
 
 def test_judged_on_the_largest_sizes_not_the_average():
     out = parsed("gh200-2node-v2.17-good")
-    verdict = _nccl.judge(out, 100.0, judge_sizes=2)
+    verdict = _judge.judge(out, 100.0, judge_sizes=2)
     assert out["avg_busbw_gbps"] < 20 and verdict["passed"]
     assert [r["size"] for r in verdict["judged_rows"]] == [67108864, 134217728]
     # One size: the best of the two largest; more sizes: the lowest of them all.
-    assert _nccl.judge(out, 100.0, judge_sizes=1)["judged_busbw_gbps"] == 122.57
-    assert _nccl.judge(out, 100.0, judge_sizes=3)["judged_busbw_gbps"] == 85.52
+    assert _judge.judge(out, 100.0, judge_sizes=1)["judged_busbw_gbps"] == 122.57
+    assert _judge.judge(out, 100.0, judge_sizes=3)["judged_busbw_gbps"] == 85.52
 
 
 def test_low_bandwidth_reason_gives_measured_expected_and_cause():
-    verdict = _nccl.judge(
+    verdict = _judge.judge(
         parsed("2080ti-2x-pcie-nop2p"),
         22.12,
         expected_gbps=24.58,
@@ -296,29 +296,29 @@ def _footer_failed():
 
 
 def test_fail_closed_out_of_bounds_footer():
-    verdict = _nccl.judge(_nccl.parse(_footer_failed()), 100.0)
+    verdict = _judge.judge(_output.parse(_footer_failed()), 100.0)
     assert verdict["kind"] == "out_of_bounds" and not verdict["passed"]
     assert "'# Out of bounds values : 3 FAILED'" in verdict["reason"]
 
 
 def test_fail_closed_nonzero_exit_even_with_a_clean_table():
-    verdict = _nccl.judge(parsed("gh200-2node-v2.17-good"), 100.0, rc=1)
+    verdict = _judge.judge(parsed("gh200-2node-v2.17-good"), 100.0, rc=1)
     assert verdict["kind"] == "exit" and "exited with status 1" in verdict["reason"]
 
 
 def test_fail_closed_timeout():
-    verdict = _nccl.judge(parsed("p4de-2node-srun-nofooter"), 50.0, timed_out=True, timeout=600)
+    verdict = _judge.judge(parsed("p4de-2node-srun-nofooter"), 50.0, timed_out=True, timeout=600)
     assert verdict["kind"] == "timeout"
     assert verdict["reason"].startswith("all_reduce_perf did not finish within 600 s and its process group was killed")
 
 
 def test_fail_closed_no_header_at_all():
-    verdict = _nccl.judge(_nccl.parse("Segmentation fault (core dumped)\n"), 10.0, rc=0)
+    verdict = _judge.judge(_output.parse("Segmentation fault (core dumped)\n"), 10.0, rc=0)
     assert verdict["kind"] == "no_rows" and "(and no column header)" in verdict["reason"]
 
 
 def test_wrong_results_beat_a_fast_table():
-    verdict = _nccl.judge(parsed("dgx-h100-2node-wrong"), 0.1)
+    verdict = _judge.judge(parsed("dgx-h100-2node-wrong"), 0.1)
     assert verdict["kind"] == "wrong"
     assert "#wrong 237858 out-of-place and 238038 in-place at 524288 B" in verdict["reason"]
 
@@ -336,17 +336,17 @@ def test_wrong_results_beat_a_fast_table():
     ],
 )
 def test_parse_size(text, size):
-    assert _nccl.parse_size(text) == size
+    assert _command.parse_size(text) == size
 
 
 @pytest.mark.parametrize("text", ["", "1.5G", "8X", "-1", "G"])
 def test_parse_size_rejects(text):
     with pytest.raises(ValueError):
-        _nccl.parse_size(text)
+        _command.parse_size(text)
 
 
 def test_build_argv():
-    assert _nccl.build_argv("/opt/all_reduce_perf", "256M", "4G", 2, 4, 20, 5, True) == [
+    assert _command.build_argv("/opt/all_reduce_perf", "256M", "4G", 2, 4, 20, 5, True) == [
         "/opt/all_reduce_perf",
         "-b",
         "268435456",
@@ -363,7 +363,7 @@ def test_build_argv():
         "-c",
         "1",
     ]
-    assert _nccl.build_argv("x", 8, 16, 2, 2, 1, 0, False)[-2:] == ["-c", "0"]
+    assert _command.build_argv("x", 8, 16, 2, 2, 1, 0, False)[-2:] == ["-c", "0"]
 
 
 # --- numbers nobody measured (issue 12: a gate never passes on numbers it did not measure) --------
@@ -402,9 +402,9 @@ GOOD, LARGEST = "gh200-2node-v2.17-good", 134217728
     ],
 )
 def test_non_finite_busbw_fails(column, value):
-    out = _nccl.parse(with_cell(GOOD, LARGEST, column, value))
+    out = _output.parse(with_cell(GOOD, LARGEST, column, value))
     assert len(out["rows"]) == 25, "the row is read, not dropped as noise"
-    verdict = _nccl.judge(out, 100.0, judge_sizes=2)
+    verdict = _judge.judge(out, 100.0, judge_sizes=2)
     assert verdict["passed"] is False and verdict["kind"] == "non_finite", verdict
     assert f"at {LARGEST} B" in verdict["reason"] and "not finite" in verdict["reason"]
     assert verdict["judged_busbw_gbps"] is None or verdict["judged_busbw_gbps"] == 107.69
@@ -413,7 +413,7 @@ def test_non_finite_busbw_fails(column, value):
 @pytest.mark.parametrize("size", [8, 1048576, 67108864])
 def test_non_finite_busbw_fails_at_any_size(size):
     """A NaN below the judged sizes is still a figure the run did not measure."""
-    verdict = _nccl.judge(_nccl.parse(with_cell(GOOD, size, 11, "nan")), 100.0, judge_sizes=2)
+    verdict = _judge.judge(_output.parse(with_cell(GOOD, size, 11, "nan")), 100.0, judge_sizes=2)
     assert verdict["kind"] == "non_finite" and f"at {size} B" in verdict["reason"]
 
 
@@ -424,9 +424,9 @@ def test_non_finite_busbw_fails_in_the_average_footer(avg):
         .read_text()
         .replace("# Avg bus bandwidth    : 19.7866", f"# Avg bus bandwidth    : {avg}")
     )
-    out = _nccl.parse(text)
+    out = _output.parse(text)
     assert out["footer"] and not math.isfinite(out["avg_busbw_gbps"])
-    verdict = _nccl.judge(out, 100.0)
+    verdict = _judge.judge(out, 100.0)
     assert verdict["kind"] == "non_finite" and "Avg bus bandwidth" in verdict["reason"]
 
 
@@ -437,14 +437,14 @@ def test_non_finite_busbw_fails_in_the_old_error_column():
 # Out of bounds values : 0 OK
 # Avg bus bandwidth    : 0.0
 """
-    verdict = _nccl.judge(_nccl.parse(text), 0.0001)
+    verdict = _judge.judge(_output.parse(text), 0.0001)
     assert verdict["kind"] == "non_finite" and "error_oop nan at 8 B" in verdict["reason"]
 
 
 @pytest.mark.parametrize("threshold", [float("nan"), float("inf"), float("-inf"), 0, 0.0, -1, -22.0, None, "22", True])
 def test_non_finite_threshold_refused(threshold):
     with pytest.raises(ValueError, match="threshold must be a finite number of GB/s above 0"):
-        _nccl.judge(parsed(GOOD), threshold)
+        _judge.judge(parsed(GOOD), threshold)
 
 
 @pytest.mark.parametrize("columns", [(8, 12), (12,), (8,)])
@@ -452,23 +452,23 @@ def test_wrong_na_with_check_fails(columns):
     text = None
     for column in columns:
         text = with_cell(GOOD, LARGEST, column, "N/A", text)
-    out = _nccl.parse(text)
+    out = _output.parse(text)
     assert out["params"]["validation"] == 1
     for check in (True, None):  # asked by the module, or as the run's own header says
-        verdict = _nccl.judge(out, 100.0, check=check)
+        verdict = _judge.judge(out, 100.0, check=check)
         assert verdict["passed"] is False and verdict["kind"] == "unvalidated", verdict
         assert "reads N/A" in verdict["reason"] and f"first {LARGEST} B" in verdict["reason"]
-    assert _nccl.judge(out, 100.0, check=False)["kind"] == "ok"  # -c 0: only the bandwidth is judged
+    assert _judge.judge(out, 100.0, check=False)["kind"] == "ok"  # -c 0: only the bandwidth is judged
 
 
 def test_wrong_na_with_check_fails_in_the_old_format():
     out = parsed("a100-sxm-8x-old-c0")  # a -c 0 run: every error cell reads N/A
-    assert _nccl.judge(out, 228.0)["kind"] == "ok"
-    verdict = _nccl.judge(out, 228.0, check=True)
+    assert _judge.judge(out, 228.0)["kind"] == "ok"
+    verdict = _judge.judge(out, 228.0, check=True)
     assert verdict["kind"] == "unvalidated" and "the error column reads N/A at 34 size(s)" in verdict["reason"]
 
 
 def test_json_safe_replaces_non_finite_figures():
-    rows = _nccl.parse(with_cell(GOOD, LARGEST, 11, "nan"))["rows"]
-    safe = _nccl.json_safe(rows)
+    rows = _output.parse(with_cell(GOOD, LARGEST, 11, "nan"))["rows"]
+    safe = _judge.json_safe(rows)
     assert safe[-1]["busbw_ip"] is None and safe[-1]["busbw_oop"] == 122.57 and safe[0] == rows[0]

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The backend choice (``gpufleet_serving_backend``, plugins/module_utils/_backend.py): the rule, the
+"""The backend choice (``gpufleet_serving_backend``, plugins/module_utils/serving/_backend.py): the rule, the
 plans it consults under ``auto`` (the planners' own verdicts, computed only where the rule needs
 them), and the planner inputs of playbooks/tasks/serving_backend.yml against the roles' defaults."""
 
@@ -13,7 +13,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.node.plugins.filter.serving_backend import serving_backend
-from ansible_collections.gpufleet.node.plugins.module_utils import _backend
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _backend
 
 REPO = Path(__file__).resolve().parents[2]
 RTX_A6000 = 49140

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.gpufleet.node.plugins.filter import kvplan as filters
-from ansible_collections.gpufleet.node.plugins.module_utils import _kvplan, _ncclenv, _vllm, _vllm_options
+from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _env
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _kvplan, _vllm, _vllm_options
 
 # --- removed settings --------------------------------------------------------------------------
 
@@ -230,7 +231,7 @@ def test_option_list_holds_what_the_role_writes_and_none_of_the_removed():
     assert not set(_vllm.REMOVED_SETTINGS) & _vllm_options.VLLM_SERVE_OPTIONS
 
 
-# --- runtime environment (its home is _ncclenv; these pin the derivation the role writes) ----------
+# --- runtime environment (its home is nccl/_env; these pin the derivation the role writes) ----------
 
 SEED000_LINKS = {  # 4x L40S, two GPUs per PCIe switch, the switches on different sockets
     "GPU0": {"GPU0": "X", "GPU1": "PIX", "GPU2": "SYS", "GPU3": "SYS"},
@@ -253,11 +254,11 @@ SEED000_LINKS = {  # 4x L40S, two GPUs per PCIe switch, the switches on differen
     ],
 )
 def test_p2p_level_from_links(links, level):
-    assert _ncclenv.p2p_level(links) == level
+    assert _env.p2p_level(links) == level
 
 
 def test_runtime_env_for_seed000_without_rdma():
-    out = _ncclenv.runtime_env(
+    out = _env.runtime_env(
         {"gpus": [{}] * 4, "links": SEED000_LINKS},
         nics=[{"bdf": "0000:41:00.0", "class": "0x020000", "vendor": "0x14e4"}],
     )
@@ -278,20 +279,20 @@ def test_runtime_env_for_seed000_without_rdma():
     ],
 )
 def test_rdma_nic_keeps_infiniband(nic):
-    out = _ncclenv.runtime_env({"gpus": [{}] * 2, "links": SEED000_LINKS}, nics=[nic])
+    out = _env.runtime_env({"gpus": [{}] * 2, "links": SEED000_LINKS}, nics=[nic])
     assert "NCCL_IB_DISABLE" not in out["env"]
 
 
 def test_unknown_nics_derive_nothing_and_debug_only_when_asked():
-    out = _ncclenv.runtime_env({"gpus": [{}] * 2, "links": SEED000_LINKS})
+    out = _env.runtime_env({"gpus": [{}] * 2, "links": SEED000_LINKS})
     assert "NCCL_IB_DISABLE" not in out["env"]
     assert "NCCL_DEBUG" not in out["env"]
-    assert _ncclenv.runtime_env({}, nccl_debug="info")["env"]["NCCL_DEBUG"] == "INFO"
-    assert _ncclenv.runtime_env({}, rdma=False)["env"]["NCCL_IB_DISABLE"] == "1"
+    assert _env.runtime_env({}, nccl_debug="info")["env"]["NCCL_DEBUG"] == "INFO"
+    assert _env.runtime_env({}, rdma=False)["env"]["NCCL_IB_DISABLE"] == "1"
 
 
 def test_user_values_win_and_none_removes():
-    out = _ncclenv.runtime_env(
+    out = _env.runtime_env(
         {"gpus": [{}] * 4, "links": SEED000_LINKS},
         rdma=False,
         user_env={
@@ -310,8 +311,8 @@ def test_user_values_win_and_none_removes():
 
 @pytest.mark.parametrize("bad", [{"BAD NAME": "1"}, {"X": 'a"b'}, {"X": "two\nlines"}])
 def test_values_an_env_file_cannot_carry_are_refused(bad):
-    with pytest.raises(_ncclenv.EnvError):
-        _ncclenv.runtime_env({}, user_env=bad)
+    with pytest.raises(_env.EnvError):
+        _env.runtime_env({}, user_env=bad)
 
 
 def test_stop_timeout_is_above_vllms_shutdown():

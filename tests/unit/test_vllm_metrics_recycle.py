@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _atomic as files
-from ansible_collections.gpufleet.node.plugins.module_utils import _haproxy as hx
-from ansible_collections.gpufleet.node.plugins.module_utils import _http as web
-from ansible_collections.gpufleet.node.plugins.module_utils import _recycle as rc
-from ansible_collections.gpufleet.node.plugins.module_utils import _vllm_metrics as vm
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _atomic as files
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _http as web
+from ansible_collections.gpufleet.node.plugins.module_utils.lb import _haproxy as hx
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _recycle as rc
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _vllm_metrics as vm
 from tests.support import MetricsServer
 from tests.unit.test_haproxy import fake_haproxy
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _kvplan, _vllm, _vllm_options
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _kvplan, _vllm, _vllm_options
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("GPUFLEET_VLLM_VENV", REPO / ".vllm-venv"))

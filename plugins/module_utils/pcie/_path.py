@@ -12,7 +12,7 @@ Plain Python (no Ansible imports), runs on target Python 3.8+. Every other file 
   ``HOST_BRIDGE_CLASSES`` are the classes whose path stays under one PCIe host bridge.
 * **The bandwidth model**: raw PCIe rate per generation and width, the fraction of it an
   all-reduce hop reaches on each class (``PATH_EFFICIENCY``), NVLink per-link rates
-  (``hop_gbps``). ``_nccl.expected_busbw`` builds the gate's threshold from it.
+  (``hop_gbps``). ``nccl/_threshold.expected_busbw`` builds the gate's threshold from it.
 * **Bridges crossed** between two devices (``crossed_bridges``), and **redirect blocking**:
   which ACS Control bits send peer traffic up to the root complex (``ACS_REDIRECT_MASK``,
   ``redirects``) and which crossed bridges do (``redirecting``).
@@ -70,7 +70,7 @@ def link_rank(link):
 PCIE_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
 PCIE_ENCODING = {1: 0.8, 2: 0.8, 3: 128 / 130, 4: 128 / 130, 5: 128 / 130, 6: 242 / 256}
 #: Fraction of the raw link rate an all-reduce hop reaches on each path class (sources in
-#: _nccl.MODEL_DOC).
+#: nccl/_threshold.MODEL_DOC).
 PATH_EFFICIENCY = {"PIX": 0.80, "PXB": 0.80, "PHB": 0.78, "NODE": 0.60, "SYS": 0.50}
 NVLINK_GBPS_PER_LINK = 25.0
 NVLINK5_GBPS_PER_LINK = 50.0

@@ -6,12 +6,13 @@ Run by gpufleet-gpu-health-watch.service (installed by the gpufleet.node.gpu_hea
 follows this boot's kernel log (``journalctl -k -b -f``, or a file such as a lab machine's) for
 NVRM Xid and NVSwitch SXid lines, and polls ``nvidia-smi -q`` every few seconds for pending or
 failed row remapping, pending page retirement and volatile uncorrectable ECC errors. The checks
-are gpufleet.node's own (``_health.py``: the XID table, the kernel-log parser, the row-remap, ECC
-and retired-page checks, with the gpu_health role's thresholds).
+are gpufleet.node's own (module_utils ``health/``: the XID table and the kernel-log parser of
+``_kernel_log``, the row-remap, ECC and retired-page checks of ``_checks``, with the gpu_health
+role's thresholds).
 
 On a failure it writes the GPU health verdict of this boot (``passed: false``, the failed checks
 with their reasons and actions) atomically to ``--verdict`` and logs why. The node's HAProxy
-agent (``_readiness.py``, the same rule as ``node_readiness_info``) then answers ``down``: the
+agent (``nccl/_readiness``, the same rule as ``node_readiness_info``) then answers ``down``: the
 balancer stops sending traffic at its next agent check. Nothing is restarted. The watcher never
 writes a pass: the gpu_health role does, when it judges the node again (boot validation).
 
@@ -46,25 +47,36 @@ def log(message):
 
 
 def load_rules(lib_dir):
-    """The collection's ``_atomic``, ``_health``, ``_nvsmi``, ``_nvsmi_q``, ``_proc`` and
-    ``_readiness``, imported by their collection names (as a module imports them) from the copy of
-    the collection's module_utils the role installs under ``lib_dir`` (no Ansible needed)."""
+    """The collection's health rules (``health/``: ``_checks``, ``_kernel_log``, ``_thresholds``,
+    ``_verdict``) and what the watcher needs besides (``_atomic``, ``_proc``, ``_nvsmi``,
+    ``_nvsmi_q``, ``_readiness``), imported by their collection names (as a module imports them)
+    from the copy of the collection's module_utils the role installs under ``lib_dir`` (no Ansible
+    needed)."""
     lib_dir = os.path.abspath(lib_dir)
     if not os.path.isdir(os.path.join(lib_dir, TREE)):
         raise ImportError("no %s under %s" % (TREE, lib_dir))
     if lib_dir not in sys.path:
         sys.path.insert(0, lib_dir)
-    from ansible_collections.gpufleet.node.plugins.module_utils import (
-        _atomic,
-        _health,
-        _nvsmi,
-        _nvsmi_q,
-        _proc,
-        _readiness,
+    from ansible_collections.gpufleet.node.plugins.module_utils.common import _atomic, _proc
+    from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _nvsmi, _nvsmi_q
+    from ansible_collections.gpufleet.node.plugins.module_utils.health import (
+        _checks,
+        _kernel_log,
+        _thresholds,
+        _verdict,
     )
+    from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _readiness
 
     return types.SimpleNamespace(
-        _atomic=_atomic, _health=_health, _nvsmi=_nvsmi, _nvsmi_q=_nvsmi_q, _proc=_proc, _readiness=_readiness
+        _atomic=_atomic,
+        _proc=_proc,
+        _nvsmi=_nvsmi,
+        _nvsmi_q=_nvsmi_q,
+        _checks=_checks,
+        _kernel_log=_kernel_log,
+        _thresholds=_thresholds,
+        _verdict=_verdict,
+        _readiness=_readiness,
     )
 
 
@@ -229,41 +241,43 @@ class Watch:
             return
         # A few lines of the previous read go again: the loss of a GPU is printed over several
         # lines; events seen twice count once.
-        xids, sxids = self.rules._health.parse_kernel_log("\n".join(self.carry + lines))
+        xids, sxids = self.rules._kernel_log.parse_kernel_log("\n".join(self.carry + lines))
         self.carry = (self.carry + lines)[-4:]
         for store, events in ((self.xids, xids), (self.sxids, sxids)):
             for event in events:
                 store.setdefault((event["bdf"], event["code"]), event)
 
     def failures(self, gpus, error, errors):
-        health = self.rules._health
+        checks, kernel_log, verdict = self.rules._checks, self.rules._kernel_log, self.rules._verdict
         if gpus:
             self.bus_ids = [g["bus_id"] for g in gpus]
         # Fatal and other events judged apart: the verdict's reason names the fatal ones only.
         codes = self.args.sxid_fatal_code
-        fatal_xids = [e for e in self.xids.values() if health.xid_verdict(e)[0] == health.FAIL]
-        fatal_sxids = [e for e in self.sxids.values() if health.sxid_verdict(e, codes)[0] == health.FAIL]
-        checks = [
-            health.check_xid([e for e in self.xids.values() if e not in fatal_xids], self.bus_ids),
-            health.check_sxid([e for e in self.sxids.values() if e not in fatal_sxids], codes),
-            health.check_xid(fatal_xids, self.bus_ids),
-            health.check_sxid(fatal_sxids, codes),
+        fatal_xids = [e for e in self.xids.values() if kernel_log.xid_verdict(e)[0] == verdict.FAIL]
+        fatal_sxids = [e for e in self.sxids.values() if kernel_log.sxid_verdict(e, codes)[0] == verdict.FAIL]
+        judged = [
+            checks.check_xid([e for e in self.xids.values() if e not in fatal_xids], self.bus_ids),
+            checks.check_sxid([e for e in self.sxids.values() if e not in fatal_sxids], codes),
+            checks.check_xid(fatal_xids, self.bus_ids),
+            checks.check_sxid(fatal_sxids, codes),
         ]
         if gpus is not None:
-            checks += [
-                health.check_row_remap(gpus),
-                health.check_ecc(gpus, self.args.ecc_volatile_uncorrectable_max),
-                health.check_retired_pages(gpus, self.args.retired_pages_max),
+            judged += [
+                checks.check_row_remap(gpus),
+                checks.check_ecc(gpus, self.args.ecc_volatile_uncorrectable_max),
+                checks.check_retired_pages(gpus, self.args.retired_pages_max),
             ]
         elif error and errors >= self.args.nvidia_smi_failures:
-            checks.append(
-                health.check("nvidia_smi", health.FAIL, [], "%s (%d polls in a row)" % (error, errors), health.REBOOT)
+            judged.append(
+                verdict.check(
+                    "nvidia_smi", verdict.FAIL, [], "%s (%d polls in a row)" % (error, errors), verdict.REBOOT
+                )
             )
-        for c in checks:
-            if c["status"] == health.WARN and (c["name"], c["reason"]) not in self.warned:
+        for c in judged:
+            if c["status"] == verdict.WARN and (c["name"], c["reason"]) not in self.warned:
                 self.warned.add((c["name"], c["reason"]))
                 log("GPU health warning, the node stays in rotation: %s: %s" % (c["name"], c["reason"]))
-        return [c for c in checks if c["status"] == health.FAIL]
+        return [c for c in judged if c["status"] == verdict.FAIL]
 
     def enforce(self, failed):
         """Write the failing verdict when there is a failure and the file does not say so."""
@@ -295,7 +309,7 @@ class Watch:
             if current.get("passed") is False:
                 standing = [c for c in current.get("checks") or [] if c.get("name") not in own]
         checks = failed + standing
-        actions = rules._health.ACTIONS
+        actions = rules._verdict.ACTIONS
         verdict = {
             "boot_id": boot_id,
             "passed": False,
@@ -337,7 +351,7 @@ def parse_args(argv):
         "--nvidia-smi-failures", type=int, default=3, help="nvidia-smi polls failing in a row that take the node out"
     )
     parser.add_argument(
-        "--ecc-volatile-uncorrectable-max", type=int, help="default: gpu_health_info's (_health.DEFAULT_THRESHOLDS)"
+        "--ecc-volatile-uncorrectable-max", type=int, help="default: gpu_health_info's (_thresholds.DEFAULT_THRESHOLDS)"
     )
     parser.add_argument("--retired-pages-max", type=int, help="default: gpu_health_info's")
     parser.add_argument("--sxid-fatal-code", type=int, action="append", default=[])
@@ -361,7 +375,7 @@ def main(argv=None):
         return 2
     for name in ("ecc_volatile_uncorrectable_max", "retired_pages_max"):
         if getattr(args, name) is None:
-            setattr(args, name, rules._health.DEFAULT_THRESHOLDS[name])
+            setattr(args, name, rules._thresholds.DEFAULT_THRESHOLDS[name])
     source = FileLog(args.kernel_log) if args.kernel_log else None
     if source is None:
         journalctl = shutil.which("journalctl")

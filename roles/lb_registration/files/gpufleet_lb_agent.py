@@ -105,7 +105,7 @@ def read_request(path, now=None):
 def answer(marker, boot_id, request=None, health=None):
     """``(line, detail)``: the one line for HAProxy, and what the journal gets besides."""
     # the copy of the collection's module_utils the role installs beside this file
-    from ansible_collections.gpufleet.node.plugins.module_utils._readiness import agent_verdict
+    from ansible_collections.gpufleet.node.plugins.module_utils.nccl._readiness import agent_verdict
 
     word, reasons = agent_verdict(marker, boot_id, health)
     state, why = read_request(request)

@@ -280,11 +280,11 @@ def main(argv=None):
         if not os.path.isdir(os.path.join(lib_dir, TREE)):
             raise ImportError("no %s" % TREE)
         sys.path.insert(0, lib_dir)
-        from ansible_collections.gpufleet.node.plugins.module_utils import _atomic as files
-        from ansible_collections.gpufleet.node.plugins.module_utils import _haproxy as hx
-        from ansible_collections.gpufleet.node.plugins.module_utils import _http as web
-        from ansible_collections.gpufleet.node.plugins.module_utils import _recycle as rc
-        from ansible_collections.gpufleet.node.plugins.module_utils import _vllm_metrics as vm
+        from ansible_collections.gpufleet.node.plugins.module_utils.common import _atomic as files
+        from ansible_collections.gpufleet.node.plugins.module_utils.common import _http as web
+        from ansible_collections.gpufleet.node.plugins.module_utils.lb import _haproxy as hx
+        from ansible_collections.gpufleet.node.plugins.module_utils.serving import _recycle as rc
+        from ansible_collections.gpufleet.node.plugins.module_utils.serving import _vllm_metrics as vm
     except ImportError as exc:
         print(
             "gpufleet-worker-recycle: %s (the role installs the collection's code the agent imports under %s/%s)"

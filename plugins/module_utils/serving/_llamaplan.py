@@ -45,7 +45,7 @@ Inputs are refused, never replaced: :class:`PlanError` names the option.
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _model_profiles
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _model_profiles
 
 MiB = 1024**2
 GiB = 1024**3
@@ -164,7 +164,7 @@ def shape_from_config(config, quant, name="model"):
 def resolve_model(model=None, model_path=None, quant=None):
     """The shape to plan with: the GGUF file's header, a profile name, or a dict of fields."""
     if model_path:
-        from ansible_collections.gpufleet.node.plugins.module_utils import _gguf
+        from ansible_collections.gpufleet.node.plugins.module_utils.serving import _gguf
 
         try:
             return _gguf.read_shape(model_path)

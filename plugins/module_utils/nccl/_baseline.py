@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The NCCL gate's peer baselines: what the healthy nodes of one design measured, and the rule
-that turns them into a threshold. Plain Python, no Ansible.
+"""The NCCL gate's peer baselines: what the healthy nodes of one design measured, and their
+statistic. Plain Python, no Ansible.
 
 * **The store** (``Store``): a directory on the controller, one JSON file per design key
   (``<key>.json``), each holding the latest healthy verdict of each node of that design (at most
@@ -14,12 +14,8 @@ that turns them into a threshold. Plain Python, no Ansible.
 * **The statistic** (``statistic``): the median of the peers' latest healthy figures, the judged
   node itself left out, after dropping outliers (further from the median than 3.5 robust standard
   deviations, 1.4826 x the median absolute deviation, and never closer than 2 %).
-* **The rule** (``decide``): ``max(physics floor, fraction x baseline)``. The physics floor is
-  the model's expectation x ``threshold_fraction``; the baseline counts once it has
-  ``min_samples`` peers. The default fraction, 0.96, is the anchors' (Azure's HPC health checks
-  gate 8x H100 at 460 GB/s, about 96 % of the 475-480 healthy systems reach) and sits between
-  the healthy spread (about 1 % between runs and nodes at large messages: 4 standard deviations
-  above 0.96) and one NVLink down of 18 (-5.6 %, under 0.96 even on the best node).
+* **The rule** that turns the statistic into a threshold is the gate's model rule, in
+  ``_threshold.py`` (``decide``).
 """
 
 from __future__ import annotations
@@ -31,11 +27,9 @@ import math
 import os
 import re
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _atomic
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _atomic
 
 FORMAT = 1
-DEFAULT_FRACTION = 0.96
-DEFAULT_MIN_SAMPLES = 5
 DEFAULT_WINDOW = 50
 #: Outliers: further from the median than this many robust standard deviations ...
 OUTLIER_SIGMAS = 3.5
@@ -137,61 +131,6 @@ def statistic(samples, exclude_host=None, window=DEFAULT_WINDOW):
         "count": len(kept),
         "hosts": sorted(s["host"] for s in kept),
         "outliers": dropped,
-    }
-
-
-def decide(
-    expected_gbps, threshold_fraction, design_key, stat=None, fraction=DEFAULT_FRACTION, min_samples=DEFAULT_MIN_SAMPLES
-):
-    """``max(physics floor, fraction x baseline)``, and which of them decided.
-
-    Returns ``threshold_gbps``, ``rule`` (``peer_median`` or ``physics_floor``), ``rule_text``
-    (the words a verdict uses after "under"/"meets"), ``physics_floor_gbps``,
-    ``baseline_gbps`` (fraction x median, None until ``min_samples`` peers), ``baseline``
-    (the statistic).
-    """
-    floor = round(expected_gbps * threshold_fraction, 2)
-    stat = stat or {"median": None, "count": 0, "hosts": [], "outliers": []}
-    peer = None
-    if stat["median"] is not None and stat["count"] >= max(1, min_samples):
-        peer = round(stat["median"] * fraction, 2)
-    physics = "the physics floor %.2f GB/s (%g x the %.2f GB/s the model gives a healthy node of this design)" % (
-        floor,
-        threshold_fraction,
-        expected_gbps,
-    )
-    if peer is not None and peer > floor:
-        return {
-            "threshold_gbps": peer,
-            "rule": "peer_median",
-            "rule_text": "%g x the median %.1f GB/s of %d healthy nodes of design %s"
-            % (fraction, stat["median"], stat["count"], design_key),
-            "physics_floor_gbps": floor,
-            "baseline_gbps": peer,
-            "baseline": stat,
-        }
-    if peer is not None:
-        note = "; above %g x the median %.1f GB/s of %d healthy nodes of design %s" % (
-            fraction,
-            stat["median"],
-            stat["count"],
-            design_key,
-        )
-    elif stat["count"]:
-        note = "; the peer baseline of design %s has %d of the %d healthy nodes it needs" % (
-            design_key,
-            stat["count"],
-            min_samples,
-        )
-    else:
-        note = "; no peer baseline yet for design %s" % design_key
-    return {
-        "threshold_gbps": floor,
-        "rule": "physics_floor",
-        "rule_text": physics + note,
-        "physics_floor_gbps": floor,
-        "baseline_gbps": peer,
-        "baseline": stat,
     }
 
 

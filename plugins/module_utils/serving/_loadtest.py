@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _http
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _http
 
 #: The keyword arguments of ``run`` that a caller (the module) passes by their own names.
 RUN_OPTIONS = (

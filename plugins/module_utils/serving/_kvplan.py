@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _model_profiles
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _model_profiles
 
 GiB = 1024**3
 MiB = 1024**2

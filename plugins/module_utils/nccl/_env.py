@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _linevalue
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _linevalue
 from ansible_collections.gpufleet.node.plugins.module_utils.pcie import _path
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -27,7 +27,7 @@ import hashlib
 import json
 import re
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _nccl
+from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _threshold
 from ansible_collections.gpufleet.node.plugins.module_utils.pcie import _path, _sysfs
 
 #: NVLinks per GPU by product name (first match wins, longest names first); 0 for PCIe-only
@@ -111,7 +111,7 @@ def descriptor(topology, nics=()):
         "gpu_count": len(gpus),
         "gpus": models,
         "pairs": pairs,
-        "nvswitch": _nccl.nvswitch_system(topology),
+        "nvswitch": _threshold.nvswitch_system(topology),
         "nics": sorted(str(n).lower() for n in nics),
     }
 

@@ -29,7 +29,7 @@ NVML facts used (nvidia-ml-py 13.615.71, checked against its source):
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _nvml, _nvsmi
+from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _nvml, _nvsmi
 from ansible_collections.gpufleet.node.plugins.module_utils.pcie import _config_space, _path, _sysfs, _topology
 
 NVML_P2P_INDEX = {"read": 0, "write": 1, "nvlink": 2}

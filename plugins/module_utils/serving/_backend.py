@@ -17,7 +17,7 @@ the planner settings stay on the controller).
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _kvplan, _llamaplan, _vllm
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _kvplan, _llamaplan, _vllm
 
 BACKENDS = ("auto", "vllm", "llamacpp")
 

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """nvidia-smi's per-GPU report (``nvidia-smi -q``) and the per-link NVLink state
-(``nvidia-smi nvlink -s``), read into the health facts ``_health`` judges.
+(``nvidia-smi nvlink -s``), read into the health facts ``health/_checks`` judges.
 
 Plain Python (no Ansible imports), runs on target Python 3.8+.
 
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _nvsmi
+from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _nvsmi
 
 _NOT_REPORTED = (
     "n/a",

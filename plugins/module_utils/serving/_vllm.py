@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """vLLM serving knowledge: the pinned release, its removed settings, hardware profiles, the
 ``vllm serve --config`` file. (The runtime environment GPU services read, allocator and NCCL,
-lives in ``_ncclenv.py``.)
+lives in ``nccl/_env.py``.)
 
 Plain Python, no Ansible. The filters in ``plugins/filter/kvplan.py`` expose it to the role
 ``vllm_server``: :func:`serve_config` builds the config and computes its KV-cache plan once
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _kvplan, _vllm_options
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _kvplan, _vllm_options
 
 VLLM_VERSION = "0.33.0"
 VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"

@@ -16,7 +16,7 @@ import os
 import pwd
 import stat
 
-from ansible_collections.gpufleet.node.plugins.module_utils import _atomic
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _atomic
 
 SECRET_BEFORE = "(the contents of a secret file are not shown)\n"
 SECRET_AFTER = "(new contents of a secret file, not shown)\n"

@@ -41,9 +41,9 @@ def test_every_role_declares_its_contract_next_to_its_argument_spec():
         decl = yaml.safe_load((ROLES / role / "meta/node_run.yml").read_text())["node_run"]
         spec = yaml.safe_load((ROLES / role / "meta/argument_specs.yml").read_text())["argument_specs"]
         options = {name for entry in spec.values() for name in entry.get("options", {})}
-        if role != "boot_validation":  # it declares the collection-wide gpufleet_* settings
-            # a declared name is one of the role's own options (no typo silently drops a setting)
-            assert set(decl["vars"]) | set(decl.get("from_node_files", {})) <= options, role
+        # a declared name is one of the role's own options (no typo silently drops a setting); the
+        # collection-wide gpufleet_* settings are role _common's
+        assert set(decl["vars"]) | set(decl.get("from_node_files", {})) <= options, role
     contract = _contract()
     assert contract["from_node_files"] == {
         "vllm_server_api_key": {"file": "vllm_server_secrets_file", "key": "VLLM_API_KEY"}

@@ -386,103 +386,25 @@ stdout:
   type: str
 """
 
-import math
 import os
-import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.node.plugins.module_utils.nccl import (
-    _baseline,
-    _command,
-    _design,
-    _diagnose,
-    _judge,
-    _output,
-    _threshold,
-)
-from ansible_collections.gpufleet.node.plugins.module_utils.pcie import _config_space, _sysfs
+from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _baseline, _command, _gate, _threshold
 
 SEARCH_DIRS = ["/usr/local/bin", "/opt/nccl-tests/build", "/usr/local/nccl-tests/build"]
-#: The result's keys that only a run (or check mode) fills.
-VERDICT_KEYS = ("passed", "judged_busbw_gbps", "reason", "kind", "avg_busbw_gbps", "out_of_bounds", "timestamp")
-#: Options that count something and must be at least 1, with their defaults.
-COUNTS = {"step_factor": 2, "iters": 20, "repeats": 1, "judge_sizes": 2, "timeout": 900}
 
 
-def _visible_devices(environment, topology):
-    """Topology indices named by CUDA_VISIBLE_DEVICES (indices or GPU UUIDs), or None.
-
-    None when it is unset, or names something the facts cannot map (MIG instances): the run
-    then uses the first GPUs of the facts, as CUDA numbers them.
-    """
-    text = str(environment.get("CUDA_VISIBLE_DEVICES", "")).strip()
-    if not text:
-        return None
-    by_uuid = {str(g.get("uuid")): g["index"] for g in (topology or {}).get("gpus") or [] if g.get("uuid")}
-    picked = []
-    for item in (t.strip() for t in text.split(",") if t.strip()):
-        if item.isdigit():
-            picked.append(int(item))
-        elif item in by_uuid:
-            picked.append(by_uuid[item])
-        else:
-            return None
-    return picked
-
-
-def _design_of(module, topology):
-    """``(key, descriptor)`` of this node's design, or ``(None, None)`` without GPU facts. The
-    RDMA NICs come from the sysfs tree the facts were read from (O(sysfs_path) first); a tree
-    that cannot be read leaves them out of the key, with a warning."""
-    if not (topology or {}).get("gpus"):
-        return None, None
-    sysfs = (
-        module.params["sysfs_path"] or ((topology.get("pci_tree") or {}).get("sysfs_path")) or _sysfs.DEFAULT_SYSFS_PATH
-    )
-    try:
-        nics = _design.rdma_nics(sysfs)
-    except (_config_space.PciError, OSError) as e:
-        module.warn(f"the design key leaves the RDMA NICs out: cannot read the PCI tree at {sysfs}: {e}")
-        nics = ["unknown"]
-    try:
-        return _design.design_key(topology, nics)
-    except (ValueError, KeyError, TypeError) as e:
-        module.fail_json(msg=f"cannot derive the design key from the topology facts: {e}")
-
-
-def _decide(module, expected, design_key):
-    """The auto threshold: max(physics floor, fraction x the median of this design's peers)."""
-    p = module.params
-    entry = (p["baselines"] or {}).get(design_key) if design_key else None
-    stat, problem = None, None
-    if isinstance(entry, dict) and entry.get("error"):
-        problem = str(entry["error"])
-        module.warn(f"the peer baseline of design {design_key} is not used: {problem}")
-    elif isinstance(entry, dict):
-        stat = _baseline.statistic(entry.get("samples") or [], p["host"], p["baseline_window"])
-    decision = _threshold.decide(
-        expected, p["threshold_fraction"], design_key, stat, p["baseline_fraction"], p["baseline_min_samples"]
-    )
-    if problem:
-        decision["rule_text"] += f" (the baseline store's file for this design is corrupt: {problem})"
-    decision["problem"] = problem
-    return decision
-
-
-def _baseline_result(decision):
-    if not decision:
-        return None
-    stat = decision["baseline"]
-    return dict(
-        median_gbps=stat["median"],
-        count=stat["count"],
-        hosts=stat["hosts"],
-        outliers=stat["outliers"],
-        threshold_gbps=decision["baseline_gbps"],
-        problem=decision["problem"],
-        rule_text=decision["rule_text"],
-    )
+def _binary(module, binary):
+    """The path of all_reduce_perf: looked up (PATH and SEARCH_DIRS) when a bare name."""
+    if os.sep not in binary:
+        return module.get_bin_path(binary, required=True, opt_dirs=SEARCH_DIRS)
+    if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+        module.fail_json(
+            msg=f"{binary} is not an executable file: build nccl-tests "
+            "(make -C nccl-tests) or point binary at all_reduce_perf"
+        )
+    return binary
 
 
 def main():
@@ -491,7 +413,7 @@ def main():
             topology=dict(type="dict"),
             binary=dict(type="path", default="all_reduce_perf"),
             min_busbw_gbps=dict(type="str", default="auto"),
-            threshold_fraction=dict(type="float", default=0.85),
+            threshold_fraction=dict(type="float", default=_threshold.DEFAULT_THRESHOLD_FRACTION),
             baselines=dict(type="dict", default={}),
             baseline_fraction=dict(type="float", default=_threshold.DEFAULT_FRACTION),
             baseline_min_samples=dict(type="int", default=_threshold.DEFAULT_MIN_SAMPLES),
@@ -504,175 +426,33 @@ def main():
             warmup_iters=dict(type="int", default=5),
             check=dict(type="bool", default=True),
             environment=dict(type="dict", default={}),
-            **{name: dict(type="int", default=default) for name, default in COUNTS.items()},
+            **{name: dict(type="int", default=default) for name, default in _gate.COUNTS.items()},
         ),
         required_if=[("min_busbw_gbps", "auto", ("topology",))],
         required_one_of=[("gpus", "topology")],
         supports_check_mode=True,
     )
     p = module.params
-    environment = p["environment"] or {}
-    topology = p["topology"]
-
-    if p["baseline_min_samples"] < 1 or p["baseline_window"] < 1:
-        module.fail_json(msg="baseline_min_samples and baseline_window must be at least 1")
-    for name in COUNTS:
-        if p[name] < 1:
-            module.fail_json(msg=f"{name} must be at least 1, got {p[name]}")
     try:
-        min_bytes, max_bytes = _command.parse_size(p["min_bytes"]), _command.parse_size(p["max_bytes"])
-    except ValueError as e:
-        module.fail_json(msg=f"min_bytes/max_bytes: {e}")
-    if min_bytes > max_bytes:
-        module.fail_json(msg=f"min_bytes ({p['min_bytes']}) is larger than max_bytes ({p['max_bytes']})")
-
-    visible = _visible_devices(environment, topology)
-    gpus = p["gpus"]
-    if gpus is None:
-        gpus = len(_threshold.select_gpus(topology, None, visible))
-    if gpus < 1:
-        module.fail_json(
-            msg="no GPUs to test: the topology facts list none; gather them with "
-            "gpufleet.node.gpu_topology_facts or set gpus"
-        )
-
-    design_key, design = _design_of(module, topology)
-    if design_key:
-        try:
-            used = sorted(g["index"] for g in _threshold.select_gpus(topology, gpus, visible))
-        except ValueError:
-            used = None
-        if used is not None and len(used) != design["gpu_count"]:
-            # A run over some of the GPUs is its own design: its figures are not the whole node's.
-            design_key = "%s-g%s" % (design_key, "-".join(map(str, used)))
-    expected, model, decision = None, None, None
-    if p["min_busbw_gbps"].strip().lower() == "auto":
-        try:
-            model = _threshold.expected_busbw(topology, gpus, visible)
-        except (ValueError, KeyError, TypeError) as e:
-            module.fail_json(
-                msg=f"cannot derive the auto threshold from the topology facts: {e}; pass "
-                "ansible_facts.gpu_topology from gpufleet.node.gpu_topology_facts, or set "
-                "min_busbw_gbps to a number"
-            )
-        expected = model.pop("expected_gbps")
-        if not 0 < p["threshold_fraction"] <= 1.5:  # false for NaN too
-            module.fail_json(msg=f"threshold_fraction must be in (0, 1.5], got {p['threshold_fraction']}")
-        if not 0 < p["baseline_fraction"] <= 1.5:
-            module.fail_json(msg=f"baseline_fraction must be in (0, 1.5], got {p['baseline_fraction']}")
-        decision = _decide(module, expected, design_key)
-        threshold = decision["threshold_gbps"]
-    else:
-        try:
-            threshold = float(p["min_busbw_gbps"])
-        except ValueError:
-            module.fail_json(msg=f"min_busbw_gbps must be a number of GB/s or 'auto', got {p['min_busbw_gbps']!r}")
-        if not math.isfinite(threshold):
-            module.fail_json(
-                msg=f"min_busbw_gbps must be a finite number of GB/s or 'auto', got "
-                f"{p['min_busbw_gbps']!r}: a NaN or infinite threshold can never be judged"
-            )
-        if threshold <= 0:
-            module.fail_json(msg=f"min_busbw_gbps must be positive, got {threshold}")
-
-    binary = p["binary"]
-    if os.sep not in binary:
-        binary = module.get_bin_path(binary, required=True, opt_dirs=SEARCH_DIRS)
-    elif not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
-        module.fail_json(
-            msg=f"{binary} is not an executable file: build nccl-tests "
-            "(make -C nccl-tests) or point binary at all_reduce_perf"
-        )
+        plan = _gate.prepare(p, module.warn)
+    except _gate.GateError as e:
+        module.fail_json(msg=str(e))
     argv = _command.build_argv(
-        binary, min_bytes, max_bytes, p["step_factor"], gpus, p["iters"], p["warmup_iters"], p["check"]
+        _binary(module, p["binary"]),
+        plan["min_bytes"],
+        plan["max_bytes"],
+        p["step_factor"],
+        plan["gpus"],
+        p["iters"],
+        p["warmup_iters"],
+        p["check"],
     )
-
-    # What is known before measuring; the verdict's keys stay null until a run gives them.
-    result = dict(
-        changed=False,
-        cmd=argv,
-        threshold_gbps=threshold,
-        expected_busbw_gbps=expected,
-        model=model,
-        design_key=design_key,
-        design=design,
-        rule=decision["rule"] if decision else "fixed",
-        physics_floor_gbps=decision["physics_floor_gbps"] if decision else None,
-        baseline=_baseline_result(decision),
-    )
-    result.update(dict.fromkeys(VERDICT_KEYS), rows=[], runs=[], duration_s=0.0)
-
+    result = _gate.planned_result(plan, argv)
     if module.check_mode:
-        result.update(
-            kind="check_mode",
-            timestamp=time.time(),
-            reason="check mode: all_reduce_perf was not run (the result cannot be known without "
-            "measuring, and measuring occupies the GPUs)",
-        )
-        module.exit_json(**result)
-
-    best = None
-    stdout = ""
-    while len(result["runs"]) < p["repeats"]:
-        rc, stdout, timed_out, duration = _command.run(argv, environment, p["timeout"])
-        parsed = _output.parse(stdout)
-        rows = parsed["rows"]
-        causes = None
-        if rows and not timed_out:
-            measured = _output.judged_busbw(rows, p["judge_sizes"])[0]
-            if measured < threshold:
-                peer_median = decision["baseline"]["median"] if decision and decision["rule"] == "peer_median" else None
-                causes = _diagnose.diagnose(topology, environment, measured, expected or threshold, peer_median)
-        verdict = _judge.judge(
-            parsed,
-            threshold,
-            p["judge_sizes"],
-            rc=rc,
-            timed_out=timed_out,
-            timeout=p["timeout"],
-            expected_gbps=expected,
-            causes=causes,
-            check=p["check"],
-            rule_text=decision["rule_text"] if decision else None,
-        )
-        result["duration_s"] = round(result["duration_s"] + duration, 3)
-        # Ansible fails any result whose rc is not 0, so rc is only there when the process exited.
-        if rc is not None:
-            result["rc"] = rc
-        else:
-            result.pop("rc", None)
-        result["runs"].append(
-            dict(
-                judged_busbw_gbps=verdict["judged_busbw_gbps"],
-                kind=verdict["kind"],
-                rc=rc,
-                duration_s=round(duration, 3),
-            )
-        )
-        candidate = (verdict, parsed)
-        if verdict["kind"] not in ("ok", "low_bandwidth"):
-            best = candidate  # correctness or completeness failed: no retry hides that
-            break
-        if best is None or (verdict["judged_busbw_gbps"] or 0) > (best[0]["judged_busbw_gbps"] or 0):
-            best = candidate
-        if verdict["passed"]:
-            break
-
-    verdict, parsed = best
-    result.update(
-        passed=verdict["passed"],
-        judged_busbw_gbps=verdict["judged_busbw_gbps"],
-        reason=verdict["reason"],
-        kind=verdict["kind"],
-        rows=_judge.json_safe(parsed["rows"]),
-        avg_busbw_gbps=_judge.json_safe(parsed["avg_busbw_gbps"]),
-        out_of_bounds=parsed["out_of_bounds"],
-        timestamp=time.time(),
-    )
-    if not verdict["passed"]:
-        module.fail_json(
-            msg=f"NCCL all-reduce gate failed on {' '.join(argv)}: {verdict['reason']}", stdout=stdout, **result
-        )
+        module.exit_json(**_gate.check_mode(result))
+    result, stdout, failure = _gate.measure(plan, argv, result, p)
+    if failure:
+        module.fail_json(msg=failure, stdout=stdout, **result)
     module.exit_json(**result)
 
 

@@ -4,20 +4,14 @@ config-file edit, and the roll-back of a half-done add."""
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from ansible_collections.gpufleet.node.plugins.module_utils.lb import _haproxy as H
-
-MODULE = Path(__file__).resolve().parents[2] / "plugins/modules/haproxy_pool_member.py"
-_spec = importlib.util.spec_from_file_location("haproxy_pool_member", MODULE)
-hpm = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hpm)
+from ansible_collections.gpufleet.node.plugins.module_utils.lb import _pool_member as hpm
 
 # `show servers state vllm_pool` from HAProxy 2.6.12 (Debian 12), captured on this project's lab
 # balancer: a server just added (forced maintenance), one in service, one draining.

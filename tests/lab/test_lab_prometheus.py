@@ -87,10 +87,12 @@ def test_lab_rules_shorten_only_the_named_for():
 def test_node_exporter_reads_the_roles_textfile_directory(tmp_path):
     prometheus.install_node_exporter(tmp_path, "10.213.7.2")
     settings = prometheus.role_settings()
-    # nccl_gate, gpu_health and the monitoring role write to / read from one directory
+    # nccl_gate, gpu_health and the monitoring role write to / read from one directory, the
+    # collection's (roles/_common)
+    home = yaml.safe_load((prometheus.REPO / "roles/_common/defaults/main.yml").read_text())
     health = yaml.safe_load((prometheus.REPO / "roles/gpu_health/defaults/main.yml").read_text())
-    assert settings["textfile_dir"] == "/var/lib/node_exporter/textfile_collector"
-    assert health["gpu_health_metrics_path"].startswith(settings["textfile_dir"] + "/")
+    assert settings["textfile_dir"] == home["gpufleet_textfile_dir"] == "/var/lib/node_exporter/textfile_collector"
+    assert health["gpu_health_metrics_path"].startswith("{{ gpufleet_textfile_dir }}/")
     args = (tmp_path / "etc/default/prometheus-node-exporter").read_text()
     assert (
         'ARGS="--web.listen-address=10.213.7.2:9100 '

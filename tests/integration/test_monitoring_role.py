@@ -108,6 +108,34 @@ def test_scrape_config_for_the_lab_inventory(ansible_env, setup):
     assert again.returncode == 0 and again.host("prom")["changed"] == 0, again.explain()
 
 
+def test_a_llamacpp_node_is_scraped_at_its_own_servers_port(ansible_env, setup):
+    """The serving job scrapes each node at the port of the server it serves with: llama.cpp's
+    (llamacpp_server_port) on a node that serves with llama.cpp, whether its inventory names the
+    backend or site.yml chose it in this run (gpufleet_serving), never vLLM's; a node that sets no
+    port for its server, at its gpufleet_serving_port, else the collection's."""
+    tmp_path, out, extra = setup
+    inventory = yaml.safe_load((tmp_path / "hosts.yml").read_text())
+    nodes = inventory["all"]["children"]["gpu_nodes"]["hosts"]
+    # named in the inventory; its vLLM port (a leftover) is not the one llama-server listens on
+    nodes["node-1"].update(gpufleet_serving_backend="llamacpp", llamacpp_server_port=8081, vllm_server_port=8005)
+    # chosen by site.yml in this run (auto): the choice, not the inventory's auto, decides
+    nodes["node-2"].update(gpufleet_serving={"backend": "llamacpp", "reason": "GPUs differ in size"})
+    # llama.cpp without a port of its own: the collection's port, not vLLM's
+    nodes["node-3"].update(gpufleet_serving_backend="llamacpp", vllm_server_port=8006)
+    # a vLLM node whose inventory moves the fleet's port
+    nodes["node-4"].update(monitoring_vllm_scrape=True, gpufleet_serving_port=9000)
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    proc = play(ansible_env, tmp_path, extra)
+    assert proc.returncode == 0, proc.explain()
+    jobs = {j["job_name"]: j for j in yaml.safe_load((out / "prometheus.yml").read_text())["scrape_configs"]}
+    assert {t: c["labels"] for c in jobs["gpufleet_vllm"]["static_configs"] for t in c["targets"]} == {
+        "10.77.0.11:8081": {"node": "node-1"},
+        "10.77.0.12:8000": {"node": "node-2"},  # its vllm_server_port 8001 is not llama.cpp's
+        "10.77.0.13:8000": {"node": "node-3"},
+        "10.77.0.14:9000": {"node": "node-4"},
+    }
+
+
 def test_rendered_rules_are_the_shipped_file(ansible_env, setup):
     """The shipped rule file is the template rendered with the role's defaults; regenerate it with
     this playbook and monitoring_prometheus_rules_dir=roles/monitoring/files when the template or

@@ -352,3 +352,11 @@ def test_what_the_node_inventory_cannot_carry_is_refused_by_name():
         _node_inventory({}, {"bad name": 1})
     with pytest.raises(AnsibleFilterError, match="gpu_topology_expect.s is a set"):
         _node_inventory({"gpu_topology_expect": {"s": {1, 2}}})
+
+
+def test_the_example_inventory_lets_the_role_install_the_nodes_runtime():
+    """Copied as the README says, the example inventory must not switch the role to an operator's
+    own runtime (which installs nothing and fails on a fresh node)."""
+    example = yaml.safe_load((REPO / "inventories/example/group_vars/gpu_nodes.yml").read_text())
+    assert not example.get("boot_validation_ansible_playbook") and not example.get("boot_validation_collections_path")
+    assert example.get("gpufleet_boot_validation", True) is True

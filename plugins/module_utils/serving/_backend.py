@@ -17,6 +17,8 @@ the planner settings stay on the controller).
 
 from __future__ import annotations
 
+import os
+
 from ansible_collections.gpufleet.node.plugins.module_utils.serving import _kvplan, _llamaplan, _vllm
 
 BACKENDS = ("auto", "vllm", "llamacpp")
@@ -62,7 +64,9 @@ def vllm_verdict(model, gpu, gpu_count, **kwargs):
 def llamacpp_verdict(**kwargs):
     """``{'fits': bool, 'numbers': str}`` of llama.cpp's layer-offload plan, or None where the host
     has no llama.cpp model configured (``model_path`` nor ``model``) or the plan cannot be made
-    here (the file is not readable: the role's preflight says why)."""
+    here (the file is not on this host: the role's preflight says why). A file that is here but is
+    no GGUF model the planner reads, or inputs the planner refuses, raise :class:`BackendError`
+    naming them."""
     kwargs = {k: v for k, v in kwargs.items() if v not in (None, "")}
     if not kwargs.get("model_path") and not kwargs.get("model"):
         return None
@@ -71,7 +75,11 @@ def llamacpp_verdict(**kwargs):
         kwargs.pop("quant", None)
     try:
         plan = _llamaplan.plan(**kwargs)
-    except (_llamaplan.PlanError, ValueError, OSError):
+    except _llamaplan.PlanError as exc:
+        if kwargs.get("model_path") and not os.path.exists(kwargs["model_path"]):
+            return None
+        raise BackendError("gpufleet_serving_backend auto, llama.cpp's plan: %s" % exc) from exc
+    except OSError:
         return None
     numbers = plan["message"].split(": ", 1)[-1]
     if not plan["fits"]:

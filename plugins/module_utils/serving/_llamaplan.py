@@ -45,6 +45,8 @@ Inputs are refused, never replaced: :class:`PlanError` names the option.
 
 from __future__ import annotations
 
+import math
+
 from ansible_collections.gpufleet.node.plugins.module_utils.serving import _model_profiles
 
 MiB = 1024**2
@@ -78,6 +80,16 @@ QUANTS = ("F16", "Q8_0", "Q4_0", "Q4_K_M")
 
 RESERVE_DEFAULTS_MIB = {"cuda_context_mib": 512, "margin_mib": 1024}
 
+#: llama.cpp's own limits (``src/llama-hparams.h`` ``LLAMA_MAX_LAYERS``, ``include/llama.h``
+#: ``LLAMA_MAX_DEVICES``): a shape or GPU list beyond them is refused, which also bounds the planner's
+#: loops (at most ``MAX_LAYERS + 1`` positions over ``MAX_GPUS`` GPUs).
+MAX_LAYERS = 512
+MAX_GPUS = 16
+
+#: A shape's counts (positive integers) and sizes (non-negative integers).
+_SHAPE_COUNTS = ("n_layers", "n_embd", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_ff")
+_SHAPE_SIZES = ("vocab_size", "input_bytes", "output_bytes")
+
 #: Profiles: the checkpoints of :mod:`_model_profiles` plus the GGUF quantization they are planned at.
 MODEL_PROFILES = _model_profiles.MODEL_PROFILES
 
@@ -95,25 +107,64 @@ def _use_more_bits(i_layer, n_layers):
     return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
 
 
+def _int(where, value, minimum, maximum=None):
+    """``value`` as an int in ``[minimum, maximum]``: an int (not a bool) or a string of digits."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise PlanError("%s: must be an integer >= %d, got %r" % (where, minimum, value))
+    if maximum is not None and value > maximum:
+        raise PlanError("%s: %d exceeds %d, llama.cpp's limit" % (where, value, maximum))
+    return value
+
+
+def check_shape(shape, where="model"):
+    """A shape (see :func:`_gguf.read_shape`) validated: counts positive integers (``n_layers`` at
+    most :data:`MAX_LAYERS`), sizes and every entry of ``layer_bytes`` (one per layer) non-negative
+    integers. Returns a copy; :class:`PlanError` names the field."""
+    if not isinstance(shape, dict):
+        raise PlanError("%s: a shape is a dict, not %s" % (where, type(shape).__name__))
+    out = dict(shape)
+    name = out.get("name") or where
+    for key in _SHAPE_COUNTS:
+        out[key] = _int("%s (%s).%s" % (where, name, key), out.get(key), 1, MAX_LAYERS if key == "n_layers" else None)
+    for key in _SHAPE_SIZES:
+        out[key] = _int("%s (%s).%s" % (where, name, key), out.get(key, 0), 0)
+    out["n_ctx_train"] = _int("%s (%s).n_ctx_train" % (where, name), out.get("n_ctx_train") or 0, 0)
+    layers = out.get("layer_bytes")
+    if not isinstance(layers, (list, tuple)) or len(layers) != out["n_layers"]:
+        raise PlanError(
+            "%s (%s).layer_bytes: one size per layer (%d), got %r"
+            % (where, name, out["n_layers"], layers if not isinstance(layers, (list, tuple)) else len(layers))
+        )
+    out["layer_bytes"] = [_int("%s (%s).layer_bytes[%d]" % (where, name, i), b, 0) for i, b in enumerate(layers)]
+    return out
+
+
 def shape_from_config(config, quant, name="model"):
     """A GGUF-like shape (see :func:`_gguf.read_shape`) from Hugging Face ``config.json`` fields at a
     quantization of :data:`QUANTS`, for users without the file at hand."""
     if quant not in QUANTS:
         raise PlanError("quant: %r is not one of %s" % (quant, ", ".join(QUANTS)))
-    try:
-        n_layers = int(config["num_hidden_layers"])
-        n_embd = int(config["hidden_size"])
-        n_head = int(config["num_attention_heads"])
-        n_head_kv = int(config.get("num_key_value_heads", n_head))
-        head_dim = int(config.get("head_dim") or n_embd // n_head)
-        n_ff = int(config["intermediate_size"])
-        vocab = int(config["vocab_size"])
-    except KeyError as exc:
-        raise PlanError("%s: the model's fields lack %s" % (name, exc)) from exc
+    for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"):
+        if key not in config:
+            raise PlanError("%s: the model's fields lack %r" % (name, key))
+
+    def field(key, default=None, maximum=None):
+        return _int("%s.%s" % (name, key), config.get(key, default), 1, maximum)
+
+    n_layers = field("num_hidden_layers", maximum=MAX_LAYERS)
+    n_embd = field("hidden_size")
+    n_head = field("num_attention_heads")
+    n_head_kv = field("num_key_value_heads", n_head)
+    if config.get("head_dim"):
+        head_dim = field("head_dim")
+    else:
+        head_dim = _int("%s.hidden_size / num_attention_heads" % name, n_embd // n_head, 1)
+    n_ff = field("intermediate_size")
+    vocab = field("vocab_size")
     if config.get("kv_lora_rank"):
         raise PlanError("%s: MLA models are not planned from fields; pass the GGUF file (model_path)" % name)
-    if min(n_layers, n_embd, n_head, n_head_kv, head_dim, n_ff, vocab) <= 0:
-        raise PlanError("%s: layer, head and dimension counts must be positive" % name)
     is_70b = n_layers == 80 and n_embd == 8192
 
     def t(kind, i_layer):
@@ -153,7 +204,7 @@ def shape_from_config(config, quant, name="model"):
         "head_dim_v": head_dim,
         "n_ff": n_ff,
         "vocab_size": vocab,
-        "n_ctx_train": int(config.get("max_position_embeddings", 0)),
+        "n_ctx_train": _int("%s.max_position_embeddings" % name, config.get("max_position_embeddings") or 0, 0),
         "layer_bytes": layer_bytes,
         "input_bytes": _ggml_bytes(vocab * n_embd, embd_type),
         "output_bytes": n_embd * 4 + (0 if tied else _ggml_bytes(vocab * n_embd, out_type)),
@@ -178,7 +229,7 @@ def resolve_model(model=None, model_path=None, quant=None):
         return shape_from_config(MODEL_PROFILES[model], quant or "Q4_K_M", name=model)
     if isinstance(model, dict):
         if "layer_bytes" in model:  # an already-resolved shape (for instance from a previous plan)
-            return dict(model)
+            return check_shape(model)
         fields = dict(MODEL_PROFILES[model["profile"]]) if model.get("profile") else {}
         if model.get("profile") and model["profile"] not in MODEL_PROFILES:
             raise PlanError("model.profile: unknown profile %r" % model["profile"])
@@ -193,6 +244,25 @@ def _count(name, value, minimum=1):
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise PlanError("%s: must be an integer >= %d, got %r" % (name, minimum, value))
     return value
+
+
+def _split(tensor_split, n_gpus):
+    """``--tensor-split`` as floats: one finite, non-negative proportion per GPU, not all zero."""
+    wanted = "tensor_split: one finite, non-negative proportion per GPU (%d), not all zero" % n_gpus
+    if not isinstance(tensor_split, (list, tuple)) or len(tensor_split) != n_gpus:
+        raise PlanError("%s; got %r" % (wanted, tensor_split))
+    out = []
+    for i, x in enumerate(tensor_split):
+        try:
+            value = float(x) if not isinstance(x, bool) else None
+        except (TypeError, ValueError):
+            value = None
+        if value is None or not math.isfinite(value) or value < 0:
+            raise PlanError("%s; tensor_split[%d] is %r" % (wanted, i, x))
+        out.append(value)
+    if not sum(out) or not math.isfinite(sum(out)):
+        raise PlanError("%s; got %r" % (wanted, tensor_split))
+    return out
 
 
 def kv_bytes_per_layer(shape, n_ctx, cache_type):
@@ -334,6 +404,8 @@ def plan(
     """The layer-offload plan (see the module doc). Returns a dict; ``fits`` and ``reasons`` judge."""
     if not isinstance(gpu_memory_mib, (list, tuple)) or not gpu_memory_mib:
         raise PlanError("gpu_memory_mib: a list with one entry (MiB) per GPU")
+    if len(gpu_memory_mib) > MAX_GPUS:
+        raise PlanError("gpu_memory_mib: %d GPUs; llama.cpp splits over at most %d" % (len(gpu_memory_mib), MAX_GPUS))
     gpus = [_count("gpu_memory_mib[%d]" % i, v) for i, v in enumerate(gpu_memory_mib)]
     _count("ctx_size", ctx_size)
     _count("parallel", parallel)
@@ -355,13 +427,8 @@ def plan(
         if opts[key] is not None:
             _count(key, opts[key], minimum=0)
     if tensor_split is not None:
-        if (
-            len(tensor_split) != len(gpus)
-            or any(float(x) < 0 for x in tensor_split)
-            or not sum(map(float, tensor_split))
-        ):
-            raise PlanError("tensor_split: one non-negative proportion per GPU (%d), not all zero" % len(gpus))
-    shape = resolve_model(model, model_path, quant)
+        tensor_split = _split(tensor_split, len(gpus))
+    shape = check_shape(resolve_model(model, model_path, quant), "model_path" if model_path else "model")
     n_layers = shape["n_layers"]
     n_ctx_total = ctx_size * parallel
     n_ctx = -(-n_ctx_total // 256) * 256  # llama.cpp pads the KV cache size to 256 cells

@@ -43,6 +43,12 @@ description:
   - C(gpu_count) - GPUs in the PCI tree (bound to C(nvidia) or to no driver) that the driver does
     not report fail; so does a count other than O(expect_gpu_count).
   - C(persistence_mode) - persistence mode off fails.
+  - C(readable) - a health fact the driver cannot read fails, naming the GPU, the field and the
+    error (C([Unknown Error]), C([GPU is lost]), C([Insufficient Permissions]) in C(nvidia-smi -q);
+    any NVML error but NotSupported/FunctionNotFound, such as GpuIsLost or Unknown); a judged fact
+    the GPU model does not support (C([Not Supported]), NVML NotSupported) warns with the reason.
+  - An C(nvidia-smi -q) report cut short inside a GPU block, or whose C(Attached GPUs) differs from
+    its GPU blocks, fails the task (cause C(nvidia_smi_output)).
   - The module never fails for an unhealthy node; it returns RV(gpu_health.passed), and the caller
     (the C(gpu_health) role) drains the node. It fails when it cannot read the GPUs at all.
 version_added: 0.2.0
@@ -270,6 +276,14 @@ gpu_health:
             C(recovery_errors).
           type: list
           elements: dict
+        unreadable:
+          description: The health facts the driver could not read, each C(field) and C(error).
+          type: list
+          elements: dict
+        unsupported:
+          description: The judged facts this GPU model does not support, each C(field) and C(reason).
+          type: list
+          elements: dict
     xid_events:
       description: NVRM Xid events of this boot.
       type: list
@@ -307,7 +321,7 @@ gpu_health:
         name:
           description: C(xid), C(sxid), C(row_remap), C(ecc), C(retired_pages), C(fabric_manager),
             C(nvlink), C(clocks), C(pcie_link), C(pcie_aer), C(peermem), C(gpu_count),
-            C(persistence_mode).
+            C(persistence_mode), C(readable).
           type: str
         status:
           description: C(pass), C(warn) or C(fail).

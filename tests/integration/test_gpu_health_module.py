@@ -6,6 +6,7 @@ lab's sysfs tree."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -27,7 +28,9 @@ def report(bdfs, change=None):
             "GPU-566e6f65-c38e-b12f-4824-6944218668b9", "GPU-566e6f65-c38e-b12f-4824-69442186680%d" % index
         )
         blocks.append("GPU 0000%s\n%s" % (bdf.upper(), change(index, block) if change else block))
-    return HEADER + "".join(blocks)
+    return re.sub(r"(?m)^(Attached GPUs\s*:\s*)\d+$", lambda m: "%s%d" % (m.group(1), len(bdfs)), HEADER) + "".join(
+        blocks
+    )
 
 
 def nvlinks(count, down=None):
@@ -168,6 +171,42 @@ def test_nvidia_smi_failure_text_fails_the_task(node, tmp_path):
     binary.chmod(0o755)
     result = run_module("gpu_health_info", node(nvidia_smi_path=str(binary)))
     assert result["failed"] and result["cause"] == "driver_not_loaded"
+
+
+def test_unknown_error_field_fails(node):
+    def unreadable(index, block):
+        if index != 2:
+            return block
+        return block.replace(
+            "        Pending                           : No\n        Remapping",
+            "        Pending                           : [Unknown Error]\n        Remapping",
+        )
+
+    result = run_module("gpu_health_info", node(q=report(node.bdfs, unreadable)))
+    assert not result.get("failed"), result
+    health = result["gpu_health"]
+    assert health["passed"] is False and statuses(result)["readable"] == "fail"
+    (check,) = [c for c in health["checks"] if c["name"] == "readable"]
+    assert check["gpus"] == [node.bdfs[2]] and check["action"] == "reset the GPU"
+    assert "GPU %s: Remapped Rows > Pending ([Unknown Error])" % node.bdfs[2] in check["reason"]
+    assert health["gpus"][2]["unreadable"] == [{"field": "Remapped Rows > Pending", "error": "[Unknown Error]"}]
+
+
+def test_truncated_report_fails(node):
+    text = report(node.bdfs)
+    cut = text.rindex("    Fabric\n")
+    result = run_module("gpu_health_info", node(q=text[:cut]))
+    assert result["failed"] and result["cause"] == "nvidia_smi_output"
+    assert "cut short inside the block of GPU 0000%s" % node.bdfs[-1].upper() in result["msg"]
+
+
+def test_attached_count_mismatch_fails(node):
+    text = report(node.bdfs).replace(
+        "Attached GPUs                             : 8", "Attached GPUs                             : 9"
+    )
+    result = run_module("gpu_health_info", node(q=text))
+    assert result["failed"] and result["cause"] == "nvidia_smi_output"
+    assert "says 9 GPU(s) are attached but prints 8 GPU block(s)" in result["msg"]
 
 
 def test_ansible_doc_renders():

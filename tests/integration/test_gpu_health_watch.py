@@ -17,12 +17,13 @@ import pytest
 
 from ansible_collections.gpufleet.node.plugins.module_utils.health import _checks  # noqa: F401 (loaded first)
 from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _readiness
+from tests.smi_samples import whole
 from tests.support import REPO, install_agent
 
 ROLE = REPO / "roles" / "gpu_health"
 TREE = "ansible_collections/gpufleet/node/plugins/module_utils"
 WATCHER = ROLE / "files" / "gpufleet_gpu_health_watch.py"
-H100 = (REPO / "tests" / "data" / "nvidia-smi-q" / "h100-hbm3-535.183.01.txt").read_text()
+H100 = whole("h100-hbm3-535.183.01.txt")
 PENDING = H100.replace(
     "        Pending                           : No\n        Remapping",
     "        Pending                           : Yes\n        Remapping",
@@ -277,3 +278,39 @@ def test_a_watchers_verdict_names_its_strongest_action_and_keeps_this_boots_warn
         verdict = json.loads(path.read_text())
         assert verdict["passed"] is False and [c["name"] for c in verdict["checks"]] == ["xid"], verdict
         assert verdict["action"] == "reboot" and verdict["warnings"] == kept, verdict
+
+
+def test_unknown_error_field_fails(node):
+    """A row-remap field nvidia-smi cannot read takes the node out, as a pending remap does."""
+    unreadable = H100.replace(
+        "        Pending                           : No\n        Remapping",
+        "        Pending                           : [Unknown Error]\n        Remapping",
+    )
+    binary = smi(node, unreadable)
+    failed = subprocess.run(argv(node, "--nvidia-smi", str(binary), "--once"), capture_output=True, text=True)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    verdict = json.loads((node / "run" / "gpu-health.json").read_text())
+    assert [(c["name"], c["gpus"], c["action"]) for c in verdict["checks"]] == [
+        ("readable", ["0000:53:00.0"], "reset the GPU")
+    ]
+    assert "GPU 0000:53:00.0: Remapped Rows > Pending ([Unknown Error])" in verdict["reason"]
+
+
+def test_truncated_report_fails(node):
+    """A report cut inside a GPU block fails at the first poll (no polls-in-a-row grace)."""
+    binary = smi(node, H100[: H100.index("    Fabric\n")])
+    failed = subprocess.run(argv(node, "--nvidia-smi", str(binary), "--once"), capture_output=True, text=True)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    (check,) = json.loads((node / "run" / "gpu-health.json").read_text())["checks"]
+    assert check["name"] == "nvidia_smi" and "cut short inside the block of GPU 00000000:53:00.0" in check["reason"]
+
+
+def test_attached_count_mismatch_fails(node):
+    binary = smi(
+        node,
+        H100.replace("Attached GPUs                             : 1", "Attached GPUs                             : 8"),
+    )
+    failed = subprocess.run(argv(node, "--nvidia-smi", str(binary), "--once"), capture_output=True, text=True)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    (check,) = json.loads((node / "run" / "gpu-health.json").read_text())["checks"]
+    assert check["name"] == "nvidia_smi" and "says 8 GPU(s) are attached but prints 1 GPU block(s)" in check["reason"]

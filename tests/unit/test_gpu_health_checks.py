@@ -4,16 +4,21 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
+import re
+import sys
 from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _nvsmi_q
+from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _nvsmi, _nvsmi_q
 from ansible_collections.gpufleet.node.plugins.module_utils.health import _checks, _collect, _pci_facts, _thresholds
+from tests.smi_samples import as_posted, whole
+from tests.support import REPO
 
 Q = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi-q"
-H100 = _nvsmi_q.parse_query((Q / "h100-hbm3-535.183.01.txt").read_text())["gpus"][0]
-V100 = _nvsmi_q.parse_query((Q / "v100-pcie-470.129.06.txt").read_text())["gpus"][0]
+H100 = _nvsmi_q.parse_query(whole("h100-hbm3-535.183.01.txt"))["gpus"][0]
+V100 = _nvsmi_q.parse_query(whole("v100-pcie-470.129.06.txt"))["gpus"][0]
 T = dict(_thresholds.DEFAULT_THRESHOLDS)
 NO_PCI = {"error": None, "gpus": {}, "bridges": {}, "nvswitches": [], "rdma_nics": [], "nics_on_gpu_paths": []}
 
@@ -212,15 +217,44 @@ def test_peermem_loaded(tmp_path):
     assert _pci_facts.peermem_loaded(str(tmp_path / "proc"), str(tmp_path / "module"))
 
 
+def _stub_pynvml():
+    """The repository's pynvml stand-in (lab/stubs/pynvml.py), for its NVMLError classes and codes
+    (built as nvidia-ml-py builds them), loaded under another name so the real binding stays."""
+    spec = importlib.util.spec_from_file_location("gpufleet_lab_pynvml", REPO / "lab" / "stubs" / "pynvml.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its error classes are built from sys.modules[__name__]
+    spec.loader.exec_module(module)
+    return module
+
+
+STUB = _stub_pynvml()
+
+
 class FakeNvml:
     """The nvidia-ml-py names collect_nvml calls (checked against pynvml 13.615.71); functions a
-    driver lacks raise NVMLError (NotSupported / FunctionNotFound) and give null facts."""
+    driver lacks raise NVMLError (NotSupported / FunctionNotFound) and give null facts.
+    ``errors={function name: NVML_ERROR_* code}`` makes a function raise that error."""
 
-    class NVMLError(Exception):
-        pass
+    NVMLError = STUB.NVMLError
+    NVMLError_NotSupported = STUB.NVMLError_NotSupported
+    NVMLError_FunctionNotFound = STUB.NVMLError_FunctionNotFound
+    NVML_ERROR_NOT_SUPPORTED = STUB.NVML_ERROR_NOT_SUPPORTED
+    NVML_ERROR_FUNCTION_NOT_FOUND = STUB.NVML_ERROR_FUNCTION_NOT_FOUND
+    NVML_ERROR_INVALID_ARGUMENT = STUB.NVML_ERROR_INVALID_ARGUMENT
 
     NVML_FEATURE_ENABLED = 1
     NVML_NVLINK_MAX_LINKS = 4
+
+    def __getattribute__(self, name):
+        errors = object.__getattribute__(self, "errors")
+        if name in errors:
+            code = errors[name]
+
+            def failing(*_args):
+                raise STUB.NVMLError(code)
+
+            return failing
+        return object.__getattribute__(self, name)
 
     class c_nvmlGpuFabricInfo_t:
         state = 0
@@ -229,8 +263,9 @@ class FakeNvml:
     class _Pci:
         busId = b"00000000:53:00.0"
 
-    def __init__(self, pending=0, reasons=0x1, fabric_state=3):
+    def __init__(self, pending=0, reasons=0x1, fabric_state=3, errors=None):
         self.pending, self.reasons, self.fabric_state = pending, reasons, fabric_state
+        self.errors = dict(errors or {})
 
     def nvmlInit(self):
         pass
@@ -267,14 +302,14 @@ class FakeNvml:
 
     def nvmlDeviceGetNvLinkState(self, handle, link):
         if link >= 2:
-            raise self.NVMLError("Not Supported")
+            raise self.NVMLError(STUB.NVML_ERROR_INVALID_ARGUMENT)
         return 1 if link == 0 else 0
 
     def nvmlDeviceGetNvLinkErrorCounter(self, handle, link, counter):
         return {0: 0, 1: 0, 2: 150, 3: 1}[counter]
 
     def nvmlDeviceGetCurrPcieLinkGeneration(self, handle):
-        raise self.NVMLError("Function Not Found")
+        raise self.NVMLError(STUB.NVML_ERROR_FUNCTION_NOT_FOUND)
 
 
 def test_collect_nvml_uses_nvidia_ml_py_names():
@@ -310,3 +345,137 @@ def test_collect_nvml_uses_nvidia_ml_py_names():
     }
     assert checks["row_remap"] == checks["ecc"] == checks["clocks"] == checks["fabric_manager"] == "fail"
     assert checks["nvlink"] == "fail"
+
+
+# -- unreadable is not healthy ------------------------------------------------------------------
+H100_TEXT = whole("h100-hbm3-535.183.01.txt")
+BUS = "0000:53:00.0"
+
+
+def readable(gpus):
+    (result,) = [c for c in _checks.run_checks({"gpus": gpus}, [], [], NO_PCI, {}) if c["name"] == "readable"]
+    return result
+
+
+def test_readable_passes_on_the_real_reports():
+    assert readable([H100, V100])["status"] == "pass"
+
+
+@pytest.mark.parametrize(
+    "line, field",
+    [
+        ("        Pending                           : No\n        Remapping", "Remapped Rows > Pending"),
+        ("            DRAM Uncorrectable            : 0\n", "ECC Errors > Volatile > DRAM Uncorrectable"),
+        ("    Persistence Mode                      : Enabled\n", "Persistence Mode"),
+    ],
+)
+def test_unknown_error_field_fails(line, field):
+    assert line in H100_TEXT
+    label, rest = line.split(":", 1)
+    text = H100_TEXT.replace(line, label + ": [Unknown Error]" + rest[rest.index("\n") :], 1)
+    (gpu,) = _nvsmi_q.parse_query(text)["gpus"]
+    assert {"field": field, "error": "[Unknown Error]"} in gpu["unreadable"]
+    result = readable([gpu])
+    assert result["status"] == "fail" and result["gpus"] == [BUS] and result["action"] == "reset the GPU"
+    assert "GPU %s: %s ([Unknown Error])" % (BUS, field) in result["reason"]
+
+
+def test_unknown_error_in_every_field_of_a_gpu_fails():
+    header, block = H100_TEXT.split("GPU 00000000:53:00.0\n", 1)
+    block = re.sub(r"(?m)^(\s+(?!Processes)[^:\n]+?\s*:\s).*$", r"\1[Unknown Error]", block)
+    (gpu,) = _nvsmi_q.parse_query(header + "GPU 00000000:53:00.0\n" + block)["gpus"]
+    assert (
+        gpu["persistence_mode"] is None
+        and gpu["remapped_rows"] is None
+        and gpu["ecc"]["volatile_uncorrectable"] is None
+    )
+    result = readable([gpu])
+    assert result["status"] == "fail" and "Persistence Mode ([Unknown Error])" in result["reason"]
+    # Every check but `readable` passes such a GPU: the failure is the unread values' own.
+    others = [c for c in _checks.run_checks({"gpus": [gpu]}, [], [], NO_PCI, {}) if c["name"] != "readable"]
+    assert {c["name"] for c in others if c["status"] == "fail"} <= {"fabric_manager"}
+
+
+def test_not_supported_field_warns_with_the_reason():
+    text = H100_TEXT.replace(
+        "    Persistence Mode                      : Enabled\n",
+        "    Persistence Mode                      : [Not Supported]\n",
+    )
+    (gpu,) = _nvsmi_q.parse_query(text)["gpus"]
+    result = readable([gpu])
+    assert result["status"] == "warn" and result["action"] == "none"
+    assert result["reason"] == (
+        "not supported on this GPU model, so not judged: GPU %s: Persistence Mode (nvidia-smi -q: [Not Supported])"
+        % BUS
+    )
+
+
+def test_truncated_report_fails():
+    cut = H100_TEXT.index("    Fabric\n")
+    with pytest.raises(_nvsmi.NvidiaSmiParseError, match=r"cut short inside the block of GPU 00000000:53:00.0"):
+        _nvsmi_q.parse_query(H100_TEXT[:cut])
+
+    def run(argv):
+        return 0, H100_TEXT[:cut], ""
+
+    with pytest.raises(_collect.HealthError, match="cut short") as info:
+        _collect.collect_nvidia_smi(run, "nvidia-smi")
+    assert info.value.cause == "nvidia_smi_output"
+
+
+def test_attached_count_mismatch_fails():
+    # As posted: 8 GPUs attached, the first block kept.
+    with pytest.raises(_nvsmi.NvidiaSmiParseError, match=r"says 8 GPU\(s\) are attached but prints 1 GPU block"):
+        _nvsmi_q.parse_query(as_posted("h100-hbm3-535.183.01.txt"))
+    header, block = H100_TEXT.split("GPU 00000000:53:00.0\n", 1)
+    two = header + "GPU 00000000:53:00.0\n" + block + "GPU 00000000:64:00.0\n" + block
+    with pytest.raises(_nvsmi.NvidiaSmiParseError, match=r"says 1 GPU\(s\) are attached but prints 2"):
+        _nvsmi_q.parse_query(two)
+    assert len(_nvsmi_q.parse_query(whole(two))["gpus"]) == 2
+
+
+@pytest.mark.parametrize("code", [STUB.NVML_ERROR_GPU_IS_LOST, STUB.NVML_ERROR_UNKNOWN, STUB.NVML_ERROR_NO_PERMISSION])
+@pytest.mark.parametrize(
+    "function, field",
+    [
+        ("nvmlDeviceGetRemappedRows", "remapped_rows"),
+        ("nvmlDeviceGetTotalEccErrors", "ecc volatile_uncorrectable"),
+        ("nvmlDeviceGetPersistenceMode", "persistence_mode"),
+        ("nvmlDeviceGetNvLinkState", "nvlink 0 state"),
+    ],
+)
+def test_gpu_is_lost_fails(function, field, code):
+    """GpuIsLost, Unknown, NoPermission: an NVML error other than NotSupported is no pass."""
+    (gpu,) = _collect.collect_nvml(FakeNvml(errors={function: code}))["gpus"]
+    name = type(STUB.NVMLError(code)).__name__
+    assert any(u["field"] == field and name in u["error"] for u in gpu["unreadable"]), gpu["unreadable"]
+    result = readable([gpu])
+    assert result["status"] == "fail" and result["gpus"] == [BUS]
+    assert "GPU %s: " % BUS in result["reason"]
+    assert "%s (%s: %s (%s))" % (field, function, STUB.NVMLError(code), name) in result["reason"]
+
+
+def test_gpu_is_lost_on_its_pci_info_fails():
+    with pytest.raises(_collect.HealthError, match="GPU 0 .*GPU is lost.*reset the GPU or reboot") as info:
+        _collect.collect_nvml(FakeNvml(errors={"nvmlDeviceGetPciInfo": STUB.NVML_ERROR_GPU_IS_LOST}))
+    assert info.value.cause == "gpu_lost"
+
+
+def test_nvml_not_supported_warns_with_the_reason():
+    (gpu,) = _collect.collect_nvml(FakeNvml(errors={"nvmlDeviceGetPersistenceMode": STUB.NVML_ERROR_NOT_SUPPORTED}))[
+        "gpus"
+    ]
+    assert gpu["unreadable"] == [] and gpu["persistence_mode"] is None
+    result = readable([gpu])
+    assert result["status"] == "warn" and result["reason"] == (
+        "not supported on this GPU model, so not judged: GPU %s: persistence_mode "
+        "(nvmlDeviceGetPersistenceMode: Not Supported)" % BUS
+    )
+    # A GPU without row remapping and without page retirement (this binding lacks the functions).
+    (gpu,) = _collect.collect_nvml(FakeNvml(errors={"nvmlDeviceGetRemappedRows": STUB.NVML_ERROR_NOT_SUPPORTED}))[
+        "gpus"
+    ]
+    assert readable([gpu])["status"] == "warn" and "remapped_rows" in readable([gpu])["reason"]
+    # Everything read: pass, with the FunctionNotFound PCIe generation not worth a warning.
+    (gpu,) = _collect.collect_nvml(FakeNvml())["gpus"]
+    assert readable([gpu])["status"] == "pass"

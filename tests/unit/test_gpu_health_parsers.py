@@ -10,6 +10,7 @@ import pytest
 
 from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _nvsmi, _nvsmi_q
 from ansible_collections.gpufleet.node.plugins.module_utils.health import _kernel_log, _pci_facts
+from tests.smi_samples import whole
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 Q = DATA / "nvidia-smi-q"
@@ -17,12 +18,13 @@ LOG = DATA / "kernel-log"
 
 
 def q(name):
-    return (Q / name).read_text()
+    """A sample as a whole report (``Attached GPUs`` the blocks kept: tests/smi_samples.py)."""
+    return (Q / name).read_text() if name.startswith("nvlink-s") else whole(name)
 
 
 def test_new_driver_h100_report():
     report = _nvsmi_q.parse_query(q("h100-hbm3-535.183.01.txt"))
-    assert report["driver_version"] == "535.183.01" and report["attached_gpus"] == 8
+    assert report["driver_version"] == "535.183.01" and report["attached_gpus"] == 1
     (gpu,) = report["gpus"]
     assert gpu == {
         "bus_id": "0000:53:00.0",
@@ -42,6 +44,8 @@ def test_new_driver_h100_report():
         "pcie": {"gen_current": 5, "gen_max": 5, "width_current": 16, "width_max": 16, "replays": 120},
         "fabric": {"state": "completed", "status": "success"},
         "nvlinks": None,
+        "unreadable": [],
+        "unsupported": [],
     }
 
 

@@ -25,8 +25,14 @@ and label, never by line position, because the labels move and change between dr
   newer drivers) and ``Link Width > Max/Current`` (``16x``).
 * ``Fabric > State/Status`` (NVSwitch systems: ``Completed``/``Success``; ``In Progress``,
   ``Not Started``; ``N/A`` elsewhere); absent on drivers before 525.
-* Values ``N/A``, ``[N/A]``, ``Not Supported``, ``[Not Supported]``, ``Unknown Error`` mean "not
-  reported" and read as None.
+* Values ``N/A``, ``[N/A]`` mean "does not apply" and read as None. ``Not Supported`` /
+  ``[Not Supported]`` (the GPU model lacks the field) read as None too, and the GPU's record
+  names the field under ``unsupported``. ``Unknown Error`` / ``[Unknown Error]``, ``[GPU is lost]``
+  and ``[Insufficient Permissions]`` read as None, and the record names the field and the error
+  under ``unreadable``: the value exists but the driver could not read it, which is no pass.
+* Every GPU block ends with ``Processes`` (the last section nvidia-smi prints for a GPU, on every
+  driver); a block without it is a report cut short. ``Attached GPUs`` counts the GPU blocks that
+  follow; a report that prints another number of blocks is not a whole report.
 """
 
 from __future__ import annotations
@@ -42,10 +48,41 @@ _NOT_REPORTED = (
     "[not supported]",
     "unknown error",
     "[unknown error]",
+    "gpu is lost",
+    "[gpu is lost]",
     "insufficient permissions",
     "[insufficient permissions]",
     "",
 )
+#: Spellings of "the GPU model lacks this field" (a warning with the reason, never a failure).
+_UNSUPPORTED = ("not supported", "[not supported]")
+#: Spellings of "the driver could not read this value" (a failure).
+_UNREADABLE = (
+    "unknown error",
+    "[unknown error]",
+    "gpu is lost",
+    "[gpu is lost]",
+    "insufficient permissions",
+    "[insufficient permissions]",
+)
+#: The top-level sections of a GPU block that the health record reads; a value in them that
+#: cannot be read makes the record name it (``unreadable``/``unsupported``).
+JUDGED_SECTIONS = (
+    "Product Name",
+    "GPU UUID",
+    "Persistence Mode",
+    "ECC Mode",
+    "Ecc Mode",
+    "ECC Errors",
+    "Retired Pages",
+    "Remapped Rows",
+    "PCI",
+    "Fabric",
+    "Clocks Event Reasons",
+    "Clocks Throttle Reasons",
+)
+#: The section nvidia-smi prints last in every GPU block.
+LAST_SECTION = "Processes"
 _GPU_HEADER_RE = re.compile(r"^GPU\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
 _LABEL_VALUE_RE = re.compile(r"^(?P<label>[^:]+?)\s*:\s?(?P<value>.*?)\s*$")
 _INT_RE = re.compile(r"^(-?\d+)")
@@ -298,7 +335,35 @@ def _fabric(gpu):
     return {"state": snake(state) if state else None, "status": snake(status) if status else None}
 
 
+def _path_of(trail):
+    return " > ".join(trail)
+
+
+def field_problems(gpu):
+    """``(unreadable, unsupported)`` of a GPU block: ``[{'field', 'error'}]`` for the judged values
+    the driver could not read, ``[{'field', 'reason'}]`` for those the GPU model lacks."""
+    unreadable, unsupported = [], []
+    wanted = [label.lower() for label in JUDGED_SECTIONS]
+
+    def visit(node, trail):
+        trail = trail + [node.label]
+        if node.value is not None:
+            value = node.value.strip().lower()
+            if value in _UNREADABLE:
+                unreadable.append({"field": _path_of(trail), "error": node.value.strip()})
+            elif value in _UNSUPPORTED:
+                unsupported.append({"field": _path_of(trail), "reason": "nvidia-smi -q: %s" % node.value.strip()})
+        for child in node.children:
+            visit(child, trail)
+
+    for child in gpu.children:
+        if child.label.lower() in wanted:
+            visit(child, [])
+    return unreadable, unsupported
+
+
 def gpu_record(bus_id, gpu):
+    unreadable, unsupported = field_problems(gpu)
     return {
         "bus_id": _nvsmi.normalize_bus_id(bus_id),
         "uuid": gpu.text("GPU UUID"),
@@ -311,6 +376,8 @@ def gpu_record(bus_id, gpu):
         "pcie": _pcie(gpu),
         "fabric": _fabric(gpu),
         "nvlinks": None,
+        "unreadable": unreadable,
+        "unsupported": unsupported,
     }
 
 
@@ -318,7 +385,8 @@ def parse_query(text):
     """``nvidia-smi -q`` -> ``{'driver_version', 'attached_gpus', 'gpus': [record]}``.
 
     Raises ``_nvsmi.NvidiaSmiParseError`` when the text has no GPU block while it says GPUs are
-    attached, or is not a ``-q`` report at all.
+    attached, prints another number of GPU blocks than ``Attached GPUs`` says, has a GPU block cut
+    short (no ``Processes`` section), or is not a ``-q`` report at all.
     """
     preamble, blocks = parse_tree(text)
     attached = to_int(preamble.text("Attached GPUs"))
@@ -326,6 +394,23 @@ def parse_query(text):
         raise _nvsmi.NvidiaSmiParseError('not an nvidia-smi -q report (no "Driver Version", no GPU block)')
     if attached and not blocks:
         raise _nvsmi.NvidiaSmiParseError("nvidia-smi -q says %d GPU(s) are attached but prints no GPU block" % attached)
+    for bus_id, node in blocks:
+        if node.child(LAST_SECTION) is None:
+            raise _nvsmi.NvidiaSmiParseError(
+                "the nvidia-smi -q report is cut short inside the block of GPU %s (no %r section, which "
+                "nvidia-smi prints last for every GPU): the report is not whole; run nvidia-smi -q again, "
+                "and reset the GPU or reboot if it stays cut" % (bus_id, LAST_SECTION)
+            )
+    if attached is None and blocks:
+        raise _nvsmi.NvidiaSmiParseError(
+            'the nvidia-smi -q report has %d GPU block(s) but no readable "Attached GPUs" line' % len(blocks)
+        )
+    if attached is not None and attached != len(blocks):
+        raise _nvsmi.NvidiaSmiParseError(
+            "nvidia-smi -q says %d GPU(s) are attached but prints %d GPU block(s) (%s): the report is "
+            "not whole; run nvidia-smi -q again, and reset the GPU or reboot if a GPU stays missing"
+            % (attached, len(blocks), ", ".join(bus_id for bus_id, _node in blocks))
+        )
     return {
         "driver_version": preamble.text("Driver Version"),
         "attached_gpus": attached,

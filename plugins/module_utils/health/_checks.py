@@ -48,17 +48,20 @@ def check_xid(xids, bus_ids, log_error=None):
     for event in xids:
         status, action, meaning = _kernel_log.xid_verdict(event)
         gpu = _gpu_of_bdf(event["bdf"], bus_ids)
-        key = (gpu, event["code"])
+        key = (gpu, event["code"] if event["code"] is not None else event.get("message"))
         if key in seen:
             seen[key][1] += 1
             continue
-        seen[key] = [status, 1, meaning, action]
+        seen[key] = [status, 1, meaning, action, event["code"]]
         verdicts.append((status, action))
         if status != PASS:
             gpus.append(gpu)
-    for (gpu, code), (status, count, meaning, _action) in seen.items():
+    for (gpu, _key), (status, count, meaning, _action, code) in seen.items():
         times = ", %d times" % count if count > 1 else ""
-        parts.append("XID %d on %s (%s, %s%s)" % (code, gpu, meaning, status, times))
+        if code is None:
+            parts.append("unparseable Xid line on %s (%s, %s%s)" % (gpu, meaning, status, times))
+        else:
+            parts.append("XID %d on %s (%s, %s%s)" % (code, gpu, meaning, status, times))
     status, action = worst(verdicts)
     if not xids:
         return check("xid", PASS, [], "no NVRM Xid in this boot's kernel log")
@@ -70,13 +73,18 @@ def check_sxid(sxids, fatal_codes=()):
         return check("sxid", PASS, [], "no NVSwitch SXid in this boot's kernel log")
     groups = {}
     for event in sxids:
-        key = (event["bdf"], event["code"])
+        key = (event["bdf"], event["code"] if event["code"] is not None else event.get("message"))
         groups.setdefault(key, []).append(event)
     verdicts, parts = [], []
-    for (bdf, code), events in sorted(groups.items()):
+    for (bdf, _key), events in sorted(groups.items(), key=lambda item: (item[0][0], str(item[0][1]))):
         verdict = worst([_kernel_log.sxid_verdict(e, fatal_codes)[:2] for e in events])
         verdicts.append(verdict)
-        parts.append("SXid %d on NVSwitch %s (%s, %d line(s))" % (code, bdf, verdict[0], len(events)))
+        code = events[0]["code"]
+        if code is None:
+            meaning = _kernel_log.sxid_verdict(events[0], fatal_codes)[2]
+            parts.append("%s on NVSwitch %s (%s, %d line(s))" % (meaning, bdf, verdict[0], len(events)))
+        else:
+            parts.append("SXid %d on NVSwitch %s (%s, %d line(s))" % (code, bdf, verdict[0], len(events)))
     status, action = worst(verdicts)
     return check("sxid", status, [], "; ".join(parts), action)
 
@@ -452,6 +460,49 @@ def check_persistence(gpus):
     return check("persistence_mode", PASS, [], "persistence mode on (or not reported) on every GPU")
 
 
+def _fields(entries, key, limit=6):
+    names = ["%s (%s)" % (e["field"], e[key]) for e in entries[:limit]]
+    if len(entries) > limit:
+        names.append("and %d more" % (len(entries) - limit))
+    return ", ".join(names)
+
+
+def check_readable(gpus):
+    """FAIL when a GPU's health facts could not be read (``unreadable``: ``[Unknown Error]``, an
+    NVML error other than NotSupported): an unread value is no pass. WARN, with the reason, for
+    the judged facts the GPU model does not support (``unsupported``)."""
+    unreadable = [(g["bus_id"], g.get("unreadable") or []) for g in gpus]
+    unreadable = [(bus_id, entries) for bus_id, entries in unreadable if entries]
+    if unreadable:
+        return check(
+            "readable",
+            FAIL,
+            [bus_id for bus_id, _e in unreadable],
+            "health facts that cannot be read: %s; the driver cannot read them, so the GPU is not known "
+            "to be healthy: reset the GPU (nvidia-smi -r) or reboot, and drain the node if they stay unreadable"
+            % "; ".join("GPU %s: %s" % (bus_id, _fields(entries, "error")) for bus_id, entries in unreadable),
+            RESET_GPU,
+        )
+    unsupported = []
+    for gpu in gpus:
+        entries = list(gpu.get("unsupported") or [])
+        if gpu.get("ecc") is not None:
+            # Some ECC counters read: the others are a driver's layout, not a missing check.
+            entries = [e for e in entries if not e["field"].lower().startswith("ecc")]
+        if entries:
+            unsupported.append((gpu["bus_id"], entries))
+    if unsupported:
+        return check(
+            "readable",
+            WARN,
+            [bus_id for bus_id, _e in unsupported],
+            "not supported on this GPU model, so not judged: %s"
+            % "; ".join("GPU %s: %s" % (bus_id, _fields(entries, "reason")) for bus_id, entries in unsupported),
+            NONE,
+        )
+    return check("readable", PASS, [], "every health fact of %d GPU(s) read" % len(gpus))
+
+
 def run_checks(record, xids, sxids, pci, options):
     """Every check, in a fixed order. ``options``: ``thresholds`` (dict, DEFAULT_THRESHOLDS keys),
     ``busy``, ``fabric_manager`` (auto|required|not_required), ``fabric_manager_state``,
@@ -481,4 +532,5 @@ def run_checks(record, xids, sxids, pci, options):
         check_peermem(pci, options.get("peermem_loaded"), bool(options.get("require_peermem"))),
         check_gpu_count(gpus, pci, options.get("expect_gpu_count")),
         check_persistence(gpus),
+        check_readable(gpus),
     ]

@@ -69,26 +69,31 @@ class NvmlUnavailable(Exception):
     """nvmlInit() failed: the caller may fall back to nvidia-smi."""
 
 
-def _nvml_clock_reasons(nvml, handle):
-    mask = _nvml.optional(nvml, "nvmlDeviceGetCurrentClocksEventReasons", handle)
-    if mask is None:
-        mask = _nvml.optional(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+def _nvml_clock_reasons(reader, handle):
+    nvml = reader.nvml
+    name = "nvmlDeviceGetCurrentClocksEventReasons"
+    if getattr(nvml, name, None) is None:
+        name = "nvmlDeviceGetCurrentClocksThrottleReasons"
+    mask = reader.get("clocks_event_reasons", name, handle)
     if mask is None:
         return None
-    return [name for bit, name in NVML_CLOCK_REASON_BITS if int(mask) & bit]
+    return [label for bit, label in NVML_CLOCK_REASON_BITS if int(mask) & bit]
 
 
 _FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
 
 
-def _nvml_fabric(nvml, handle):
+def _nvml_fabric(reader, handle):
+    nvml = reader.nvml
     struct = getattr(nvml, "c_nvmlGpuFabricInfo_t", None)
     if struct is None or getattr(nvml, "nvmlDeviceGetGpuFabricInfo", None) is None:
         return None
     info = struct()
     try:
         nvml.nvmlDeviceGetGpuFabricInfo(handle, info)
-    except nvml.NVMLError:
+    except nvml.NVMLError as exc:
+        if not _nvml.is_unsupported(nvml, exc):
+            reader.note("fabric", "nvmlDeviceGetGpuFabricInfo", exc)
         return None
     state = _FABRIC_STATES.get(int(info.state), "unknown")
     if state == "not_supported":
@@ -104,9 +109,13 @@ def _nvml_fabric(nvml, handle):
     return {"state": state, "status": status_text}
 
 
-def _nvml_nvlinks(nvml, handle):
+def _nvml_nvlinks(reader, handle):
+    nvml = reader.nvml
     max_links = getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)
     enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
+    # NotSupported (no NVLink) and InvalidArgument (past the GPU's last link) end the links; any
+    # other error is a link that exists but cannot be read.
+    invalid = getattr(nvml, "NVML_ERROR_INVALID_ARGUMENT", 2)
     counters = (
         ("replay_errors", getattr(nvml, "NVML_NVLINK_ERROR_DL_REPLAY", 0)),
         ("recovery_errors", getattr(nvml, "NVML_NVLINK_ERROR_DL_RECOVERY", 1)),
@@ -117,18 +126,23 @@ def _nvml_nvlinks(nvml, handle):
     for link in range(max_links):
         try:
             state = nvml.nvmlDeviceGetNvLinkState(handle, link)
-        except nvml.NVMLError:
+        except nvml.NVMLError as exc:
+            if not (_nvml.is_unsupported(nvml, exc) or _nvml.error_code(exc) == invalid):
+                reader.note("nvlink %d state" % link, "nvmlDeviceGetNvLinkState", exc)
             continue
         record = {"link": link, "active": state == enabled, "speed_gbps": None}
-        values = {
-            key: _nvml.optional(nvml, "nvmlDeviceGetNvLinkErrorCounter", handle, link, counter)
-            for key, counter in counters
-        }
+        values = {}
+        for key, counter in counters:
+            values[key] = reader.get(
+                "nvlink %d %s" % (link, key), "nvmlDeviceGetNvLinkErrorCounter", handle, link, counter
+            )
         record["replay_errors"] = values["replay_errors"]
         record["recovery_errors"] = values["recovery_errors"]
         crc = [values["crc_flit"], values["crc_data"]]
         record["crc_errors"] = sum(v for v in crc if v is not None) if any(v is not None for v in crc) else None
         links.append(record)
+    # Error counters a GPU model lacks are not worth a warning per link.
+    reader.unsupported = [u for u in reader.unsupported if not u["field"].startswith("nvlink ")]
     return links
 
 
@@ -150,7 +164,7 @@ def collect_nvml(nvml):
                     "NVML cannot get a handle for GPU %d (%s): the GPU has most "
                     "likely fallen off the bus (Xid 79); reset the GPU or reboot" % (index, exc),
                 ) from exc
-            gpus.append(_nvml_gpu(nvml, handle))
+            gpus.append(_nvml_gpu(nvml, index, handle))
         return {"driver_version": driver, "gpus": gpus}
     finally:
         try:
@@ -159,23 +173,34 @@ def collect_nvml(nvml):
             pass
 
 
-def _nvml_gpu(nvml, handle):
+def _nvml_gpu(nvml, index, handle):
     volatile = getattr(nvml, "NVML_VOLATILE_ECC", 0)
     aggregate = getattr(nvml, "NVML_AGGREGATE_ECC", 1)
     corrected = getattr(nvml, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)
     uncorrected = getattr(nvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
-    pci = nvml.nvmlDeviceGetPciInfo(handle)
-    persistence = _nvml.optional(nvml, "nvmlDeviceGetPersistenceMode", handle)
-    ecc = {
-        "enabled": None,
-        "volatile_correctable": _nvml.optional(nvml, "nvmlDeviceGetTotalEccErrors", handle, corrected, volatile),
-        "volatile_uncorrectable": _nvml.optional(nvml, "nvmlDeviceGetTotalEccErrors", handle, uncorrected, volatile),
-        "aggregate_correctable": _nvml.optional(nvml, "nvmlDeviceGetTotalEccErrors", handle, corrected, aggregate),
-        "aggregate_uncorrectable": _nvml.optional(nvml, "nvmlDeviceGetTotalEccErrors", handle, uncorrected, aggregate),
-    }
+    try:
+        pci = nvml.nvmlDeviceGetPciInfo(handle)
+    except nvml.NVMLError as exc:
+        raise HealthError(
+            "gpu_lost",
+            "NVML cannot read the PCI address of GPU %d (nvmlDeviceGetPciInfo: %s): the GPU has most "
+            "likely fallen off the bus (Xid 79); reset the GPU or reboot" % (index, exc),
+        ) from exc
+    reader = _nvml.Reader(nvml)
+    get = reader.get
+    persistence = get("persistence_mode", "nvmlDeviceGetPersistenceMode", handle)
+    ecc_calls = (
+        ("volatile_correctable", corrected, volatile),
+        ("volatile_uncorrectable", uncorrected, volatile),
+        ("aggregate_correctable", corrected, aggregate),
+        ("aggregate_uncorrectable", uncorrected, aggregate),
+    )
+    ecc = {"enabled": None}
+    for key, kind, counter in ecc_calls:
+        ecc[key] = get("ecc " + key, "nvmlDeviceGetTotalEccErrors", handle, kind, counter)
     if all(value is None for value in ecc.values()):
         ecc = None
-    remap = _nvml.optional(nvml, "nvmlDeviceGetRemappedRows", handle)
+    remap = get("remapped_rows", "nvmlDeviceGetRemappedRows", handle)
     remapped = None
     if remap is not None:
         correctable, uncorrectable, pending, failure = remap
@@ -187,15 +212,15 @@ def _nvml_gpu(nvml, handle):
         }
     retired = None
     if remapped is None:
-        pending = _nvml.optional(nvml, "nvmlDeviceGetRetiredPagesPendingStatus", handle)
-        sbe = _nvml.optional(
-            nvml,
+        pending = get("retired_pages pending", "nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        sbe = get(
+            "retired_pages single_bit_ecc",
             "nvmlDeviceGetRetiredPages",
             handle,
             getattr(nvml, "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS", 0),
         )
-        dbe = _nvml.optional(
-            nvml,
+        dbe = get(
+            "retired_pages double_bit_ecc",
             "nvmlDeviceGetRetiredPages",
             handle,
             getattr(nvml, "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1),
@@ -206,7 +231,11 @@ def _nvml_gpu(nvml, handle):
                 "double_bit_ecc": len(dbe) if dbe is not None else None,
                 "pending": bool(pending) if pending is not None else None,
             }
-    return {
+            # Pre-Ampere GPUs retire pages instead of remapping rows: not a gap.
+            reader.drop_unsupported("remapped_rows")
+    else:
+        reader.drop_unsupported("retired_pages pending", "retired_pages single_bit_ecc", "retired_pages double_bit_ecc")
+    record = {
         "bus_id": _nvsmi.normalize_bus_id(_nvml.text(pci.busId)),
         "uuid": _nvml.text(_nvml.optional(nvml, "nvmlDeviceGetUUID", handle)),
         "name": _nvml.text(_nvml.optional(nvml, "nvmlDeviceGetName", handle)),
@@ -214,14 +243,19 @@ def _nvml_gpu(nvml, handle):
         "ecc": ecc,
         "retired_pages": retired,
         "remapped_rows": remapped,
-        "clocks_event_reasons": _nvml_clock_reasons(nvml, handle),
+        "clocks_event_reasons": _nvml_clock_reasons(reader, handle),
         "pcie": {
-            "gen_current": _nvml.optional(nvml, "nvmlDeviceGetCurrPcieLinkGeneration", handle),
-            "gen_max": _nvml.optional(nvml, "nvmlDeviceGetMaxPcieLinkGeneration", handle),
-            "width_current": _nvml.optional(nvml, "nvmlDeviceGetCurrPcieLinkWidth", handle),
-            "width_max": _nvml.optional(nvml, "nvmlDeviceGetMaxPcieLinkWidth", handle),
-            "replays": _nvml.optional(nvml, "nvmlDeviceGetPcieReplayCounter", handle),
+            "gen_current": get("pcie gen_current", "nvmlDeviceGetCurrPcieLinkGeneration", handle),
+            "gen_max": get("pcie gen_max", "nvmlDeviceGetMaxPcieLinkGeneration", handle),
+            "width_current": get("pcie width_current", "nvmlDeviceGetCurrPcieLinkWidth", handle),
+            "width_max": get("pcie width_max", "nvmlDeviceGetMaxPcieLinkWidth", handle),
+            "replays": get("pcie replays", "nvmlDeviceGetPcieReplayCounter", handle),
         },
-        "fabric": _nvml_fabric(nvml, handle),
-        "nvlinks": _nvml_nvlinks(nvml, handle),
+        "fabric": _nvml_fabric(reader, handle),
+        "nvlinks": _nvml_nvlinks(reader, handle),
     }
+    # Only the facts a check needs from a GPU that lacks them are worth a warning.
+    warned = ("persistence_mode", "remapped_rows", "retired_pages", "ecc ")
+    record["unsupported"] = [u for u in reader.unsupported if u["field"].startswith(warned)]
+    record["unreadable"] = reader.unreadable
+    return record

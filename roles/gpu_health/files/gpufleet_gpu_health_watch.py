@@ -5,7 +5,8 @@
 Run by gpufleet-gpu-health-watch.service (installed by the gpufleet.node.gpu_health role). It
 follows this boot's kernel log (``journalctl -k -b -f``, or a file such as a lab machine's) for
 NVRM Xid and NVSwitch SXid lines, and polls ``nvidia-smi -q`` every few seconds for pending or
-failed row remapping, pending page retirement and volatile uncorrectable ECC errors. The checks
+failed row remapping, pending page retirement, volatile uncorrectable ECC errors and health
+facts it cannot read (``[Unknown Error]``). The checks
 are gpufleet.node's own (module_utils ``health/``: the XID table and the kernel-log parser of
 ``_kernel_log``, the row-remap, ECC and retired-page checks of ``_checks``, with the gpu_health
 role's thresholds).
@@ -172,13 +173,13 @@ class JournalBoot:
 
 class GpuPoller:
     """``nvidia-smi -q`` every ``interval`` seconds in a thread (a slow or hung nvidia-smi never
-    delays the kernel log); ``latest()`` is ``(gpus, error)`` of the last poll, ``consecutive
-    errors``."""
+    delays the kernel log); ``latest()`` is ``(gpus, error, consecutive errors, whether the error is
+    a report that came back but cannot be trusted)`` of the last poll."""
 
     def __init__(self, rules, binary, interval, timeout):
         self.rules, self.binary, self.interval, self.timeout = rules, binary, interval, timeout
         self.lock = threading.Lock()
-        self.state = (None, None, 0)
+        self.state = (None, None, 0, False)
         self.polled = threading.Event()
 
     def start(self):
@@ -191,10 +192,10 @@ class GpuPoller:
             time.sleep(max(0.0, self.interval - (time.monotonic() - started)))
 
     def poll(self):
-        gpus, error = self._query()
+        gpus, error, malformed = self._query()
         with self.lock:
-            _old_gpus, _old_error, errors = self.state
-            self.state = (gpus, error, errors + 1 if error else 0)
+            errors = self.state[2]
+            self.state = (gpus, error, errors + 1 if error else 0, malformed)
         self.polled.set()
 
     def _query(self):
@@ -203,19 +204,23 @@ class GpuPoller:
         try:
             result = rules._proc.run(argv, self.timeout, environment={"LC_ALL": "C"})
         except OSError as exc:
-            return None, "cannot run %s: %s" % (self.binary, exc)
+            return None, "cannot run %s: %s" % (self.binary, exc), False
         if result.timed_out:
-            return None, rules._proc.describe_timeout(argv, self.timeout)
+            return None, rules._proc.describe_timeout(argv, self.timeout), False
         text = (result.stdout or "") + "\n" + (result.stderr or "")
         try:
             rules._nvsmi.check_failure(text)
             if rules._nvsmi.no_devices(text):
-                return None, "`%s` finds no GPU" % " ".join(argv)
+                return None, "`%s` finds no GPU" % " ".join(argv), False
             if result.rc != 0:
-                return None, "`%s` exited %s: %s" % (" ".join(argv), result.rc, text.strip()[-300:])
-            return rules._nvsmi_q.parse_query(result.stdout)["gpus"], None
-        except (rules._nvsmi.NvidiaSmiError, rules._nvsmi.NvidiaSmiParseError) as exc:
-            return None, str(exc)
+                return None, "`%s` exited %s: %s" % (" ".join(argv), result.rc, text.strip()[-300:]), False
+        except rules._nvsmi.NvidiaSmiError as exc:
+            return None, str(exc), False
+        try:
+            return rules._nvsmi_q.parse_query(result.stdout)["gpus"], None, False
+        except rules._nvsmi.NvidiaSmiParseError as exc:
+            # nvidia-smi exited 0 with a report cut short or not whole: no pass, at once.
+            return None, "cannot read the output of `%s`: %s" % (" ".join(argv), exc), True
 
     def latest(self):
         with self.lock:
@@ -245,9 +250,11 @@ class Watch:
         self.carry = (self.carry + lines)[-4:]
         for store, events in ((self.xids, xids), (self.sxids, sxids)):
             for event in events:
-                store.setdefault((event["bdf"], event["code"]), event)
+                # A line the parser cannot read (code None) counts by its text.
+                code = event["code"] if event["code"] is not None else event["message"]
+                store.setdefault((event["bdf"], code), event)
 
-    def failures(self, gpus, error, errors):
+    def failures(self, gpus, error, errors, malformed=False):
         checks, kernel_log, verdict = self.rules._checks, self.rules._kernel_log, self.rules._verdict
         if gpus:
             self.bus_ids = [g["bus_id"] for g in gpus]
@@ -266,11 +273,16 @@ class Watch:
                 checks.check_row_remap(gpus),
                 checks.check_ecc(gpus, self.args.ecc_volatile_uncorrectable_max),
                 checks.check_retired_pages(gpus, self.args.retired_pages_max),
+                checks.check_readable(gpus),
             ]
-        elif error and errors >= self.args.nvidia_smi_failures:
+        elif error and (malformed or errors >= self.args.nvidia_smi_failures):
             judged.append(
                 verdict.check(
-                    "nvidia_smi", verdict.FAIL, [], "%s (%d polls in a row)" % (error, errors), verdict.REBOOT
+                    "nvidia_smi",
+                    verdict.FAIL,
+                    [],
+                    error if malformed else "%s (%d polls in a row)" % (error, errors),
+                    verdict.REBOOT,
                 )
             )
         for c in judged:
@@ -405,13 +417,13 @@ def main(argv=None):
         watch.feed(*source.read())
         if poller:
             poller.poll()
-        failed = watch.failures(*(poller.latest() if poller else (None, None, 0)))
+        failed = watch.failures(*(poller.latest() if poller else (None, None, 0, False)))
         return 1 if watch.enforce(failed) else 0
     if poller:
         poller.start()
     while True:
         watch.feed(*source.read())
-        watch.enforce(watch.failures(*(poller.latest() if poller else (None, None, 0))))
+        watch.enforce(watch.failures(*(poller.latest() if poller else (None, None, 0, False))))
         time.sleep(args.log_interval)
 
 

@@ -314,3 +314,25 @@ def test_attached_count_mismatch_fails(node):
     assert failed.returncode == 1, failed.stdout + failed.stderr
     (check,) = json.loads((node / "run" / "gpu-health.json").read_text())["checks"]
     assert check["name"] == "nvidia_smi" and "says 8 GPU(s) are attached but prints 1 GPU block(s)" in check["reason"]
+
+
+def test_injected_banner_is_not_a_boot(node):
+    """A root process writing the kernel's banner to /dev/kmsg (stamped when written) does not
+    start a boot: the Xid 79 before it still counts."""
+    binary = smi(node, H100)
+    (node / "kern.log").write_text(BANNER + XID_79 + BANNER.replace("[    0.000000]", "[ 8124.000001]"))
+    failed = subprocess.run(argv(node, "--nvidia-smi", str(binary), "--once"), capture_output=True, text=True)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    (check,) = json.loads((node / "run" / "gpu-health.json").read_text())["checks"]
+    assert check["name"] == "xid" and "XID 79 on 0000:53:00.0" in check["reason"]
+
+
+def test_unparseable_xid_is_reported(node):
+    binary = smi(node, H100)
+    cut = XID_79[: XID_79.index("): ") + 3] + "\n"
+    (node / "kern.log").write_text(BANNER + cut)
+    failed = subprocess.run(argv(node, "--nvidia-smi", str(binary), "--once"), capture_output=True, text=True)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    (check,) = json.loads((node / "run" / "gpu-health.json").read_text())["checks"]
+    assert check["name"] == "xid" and check["action"] == "drain and inspect the hardware"
+    assert "unparseable Xid line on 0000:53:00.0" in check["reason"]

@@ -135,8 +135,65 @@ def test_only_this_boot_of_a_captured_journal():
     old = (LOG / "journalctl-k-xid45-caused-by.log").read_text()
     text = old + "-- Boot 0123456789abcdef --\nkernel: Linux version 6.8.0-49-generic\n"
     assert _kernel_log.parse_kernel_log(text) == ([], [])
-    text = "[    0.000000] Linux version 6.8.0\n" + (LOG / "dmesg-fallen-off-bus.log").read_text()
+    text = BANNER + (LOG / "dmesg-fallen-off-bus.log").read_text()
     assert [x["code"] for x in _kernel_log.parse_kernel_log(text)[0]] == [79]
+
+
+# The kernel's own banner (init/main.c linux_banner), as dmesg prints it at boot.
+BANNER = (
+    "[    0.000000] Linux version 6.8.0-49-generic (buildd@lcy02-amd64-046) (x86_64-linux-gnu-gcc-13) #49-Ubuntu SMP\n"
+)
+
+
+@pytest.mark.parametrize(
+    "banner",
+    [
+        BANNER,
+        "Dec 01 10:00:00.123456 node1 kernel: Linux version 6.8.0-49-generic (buildd@lcy02-amd64-046) #49\n",
+        "kernel: Linux version 6.8.0-49-generic (buildd@lcy02-amd64-046) #49\n",
+        "[Fri Aug 30 11:43:09 2024] Linux version 6.8.0-49-generic (buildd@lcy02-amd64-046) #49\n",
+    ],
+)
+def test_the_kernels_banner_starts_a_boot(banner):
+    old = (LOG / "dmesg-T-xid13-109.log").read_text()
+    assert _kernel_log.parse_kernel_log(old + banner) == ([], [])
+
+
+@pytest.mark.parametrize(
+    "injected",
+    [
+        # What a root process writes to /dev/kmsg: stamped when written, not 0.
+        "[ 8130.000001] Linux version 6.8.0-49-generic (buildd@lcy02-amd64-046) #49\n",
+        # "Linux version 6..." inside another message.
+        "[ 8130.000001] myjob: Linux version 6.8.0-49-generic (buildd@lcy02-amd64-046) #49\n",
+        "[ 8130.000001] foo kernel: Linux version 6.8.0 (x)\n",
+        "Dec 01 10:00:00 node1 myjob[42]: see Linux version 6.8.0 (x)\n",
+    ],
+)
+def test_injected_banner_is_not_a_boot(injected):
+    text = BANNER + (LOG / "dmesg-T-xid13-109.log").read_text() + injected
+    xids, _ = _kernel_log.parse_kernel_log(text)
+    assert [x["code"] for x in xids] == [13, 13, 13, 109]
+
+
+def test_unparseable_xid_is_reported():
+    from ansible_collections.gpufleet.node.plugins.module_utils.health import _checks
+
+    lines = (LOG / "dmesg-T-xid13-109.log").read_text().splitlines()
+    # The Xid 109 line cut after its device, and an SXid line with its code replaced.
+    cut = lines[4][: lines[4].index("): ") + 3]
+    sxid = (LOG / "dmesg-sxid-22013.log").read_text().splitlines()[2].replace("22013", "2201x")
+    xids, sxids = _kernel_log.parse_kernel_log("\n".join(lines[:4] + [cut, sxid]) + "\n")
+    assert [x["code"] for x in xids] == [13, 13, 13, None]
+    assert xids[3] == {"bdf": "0000:cb:00", "code": None, "pid": None, "message": cut.strip()}
+    assert [(s["bdf"], s["code"]) for s in sxids] == [("0000:04:00.0", None)]
+    check = _checks.check_xid(xids, ["0000:cb:00.0"])
+    assert check["status"] == "fail" and check["action"] == "drain and inspect the hardware"
+    assert check["gpus"] == ["0000:cb:00.0"]
+    assert "unparseable Xid line on 0000:cb:00.0 (an Xid line this collection cannot parse" in check["reason"]
+    assert repr(cut.strip()) in check["reason"]
+    check = _checks.check_sxid(sxids)
+    assert check["status"] == "fail" and "an SXid line this collection cannot parse" in check["reason"]
 
 
 def test_nvlink_xid_severity_from_the_line():

@@ -80,13 +80,32 @@ _SXID_RE = re.compile(
     r"SXid \((?:PCI:)?(?P<bdf>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\)"
     r":\s*(?P<code>\d+)(?:,\s*(?P<rest>.*?))?\s*$"
 )
+# Any NVRM Xid / nvswitch SXid line: one the patterns above do not read is reported, never skipped.
+_ANY_XID_RE = re.compile(r"NVRM: Xid\b")
+_ANY_SXID_RE = re.compile(r"\bSXid\b")
+_PAREN_RE = re.compile(r"\((?:PCI:)?([^)]*)\)")
 _PID_RE = re.compile(r"^pid='?(?P<pid><unknown>|-?\d+)'?\s*,?\s*")
 # Drivers that print the loss of a GPU on several lines without an Xid (gpud PR 1209):
 # "NVRM: The NVIDIA GPU 0000:b3:00.0" ... "NVRM: fallen off the bus and is not responding".
 _LOST_GPU_RE = re.compile(r"NVRM: The NVIDIA GPU (?P<bdf>[0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2})\.[0-7]\s*$")
 _FALLEN_RE = re.compile(r"fallen off the bus")
-# Where a new boot starts in a captured log: journalctl's separator, or the kernel's banner.
-_BOOT_RE = re.compile(r"^-- (?:Boot [0-9a-f]+|Reboot) --|\bLinux version \d")
+# Where a new boot starts in a captured log: journalctl's separator, or the kernel's own banner,
+# printk'd first at boot (init/main.c linux_banner): "Linux version 6.8.0-49-generic
+# (buildd@lcy02-amd64-046) (x86_64-linux-gnu-gcc-13 ...) #49-Ubuntu SMP ...", at the start of the
+# message, after the prefix a log format puts before it: dmesg's "[    0.000000]" (the banner is
+# stamped 0; a line a root process writes to /dev/kmsg later is not), dmesg --ctime's
+# "[Fri Aug 30 11:43:09 2024]", dmesg --decode's "kern  :notice: <time> ", journalctl's or
+# syslog's "<time> <host> kernel: " (or "kernel: "). "Linux version 6" elsewhere in a line - a
+# process's own message, an Xid's text - is no boot.
+_JOURNAL_BOOT_RE = re.compile(r"^-- (?:Boot [0-9a-f]+|Reboot) --")
+_BANNER_RE = re.compile(
+    r"^(?:"
+    r"\[\s*(?P<mono>\d+\.\d+)\]\s*"  # dmesg
+    r"|\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]\s*"  # dmesg --ctime
+    r"|kern\s*:\s*[a-z]+\s*:\s*\S+\s+"  # dmesg --decode --time-format iso
+    r"|(?:[^\s\[\]]+(?: +[^\s\[\]]+){0,3} +[^\s\[\]]+ +)?kernel: (?:\[\s*(?P<mono2>\d+\.\d+)\]\s*)?"  # journalctl, syslog
+    r")?Linux version \d\S* \("
+)
 _JOURNAL_META_RE = re.compile(r"^-- (?:Logs begin|Journal begins|No entries)")
 
 
@@ -95,9 +114,22 @@ def this_boot(lines):
     separator or the kernel's ``Linux version`` banner); all of them when there is none."""
     start = 0
     for number, line in enumerate(lines):
-        if _BOOT_RE.search(line):
+        if is_boot_start(line):
             start = number
     return lines[start:]
+
+
+def is_boot_start(line):
+    """Whether ``line`` starts a boot: journalctl's boot separator, or the kernel's own banner (the
+    message starts with ``Linux version <release> (``, stamped 0 where the log has monotonic
+    stamps)."""
+    if _JOURNAL_BOOT_RE.match(line):
+        return True
+    match = _BANNER_RE.match(line)
+    if not match:
+        return False
+    stamp = match.group("mono") or match.group("mono2")
+    return stamp is None or float(stamp) == 0.0
 
 
 def parse_kernel_log(text):
@@ -105,7 +137,9 @@ def parse_kernel_log(text):
     -T``, ``journalctl -k``, syslog lines: the prefix does not matter).
 
     Returns ``(xid_events, sxid_events)``, each event ``{'bdf', 'code', 'pid', 'message'}`` with
-    ``bdf`` as the driver printed it (no ``PCI:``, lower case), ``pid`` an int or None.
+    ``bdf`` as the driver printed it (no ``PCI:``, lower case), ``pid`` an int or None. An Xid or
+    SXid line this parser cannot read is an event with ``code`` None, ``bdf`` what the line has
+    in parentheses (or ``unknown``) and ``message`` the whole line: ``xid_verdict`` fails it.
     """
     xids, sxids = [], []
     lines = this_boot((text or "").splitlines())
@@ -141,6 +175,17 @@ def parse_kernel_log(text):
                 }
             )
             continue
+        if _ANY_XID_RE.search(line) or _ANY_SXID_RE.search(line):
+            paren = _PAREN_RE.search(line)
+            (xids if _ANY_XID_RE.search(line) else sxids).append(
+                {
+                    "bdf": paren.group(1).strip().lower() if paren and paren.group(1).strip() else "unknown",
+                    "code": None,
+                    "pid": None,
+                    "message": line.strip(),
+                }
+            )
+            continue
         match = _LOST_GPU_RE.search(line)
         if match:
             lost = (match.group("bdf").lower(), number)
@@ -162,6 +207,13 @@ def parse_kernel_log(text):
 def xid_verdict(event):
     """``(status, action, meaning)`` of one Xid event."""
     code = event["code"]
+    if code is None:
+        return (
+            FAIL,
+            INSPECT,
+            "an Xid line this collection cannot parse, so its severity is unknown: %r; read it against "
+            "NVIDIA's XID catalog" % event.get("message"),
+        )
     if code in XID_NVLINK_SEVERITY_IN_LINE:
         message = event.get("message") or ""
         if _FATAL_WORD_RE.search(message) and not _NONFATAL_WORD_RE.search(message):
@@ -176,6 +228,8 @@ def sxid_verdict(event, fatal_codes=()):
     """SXid lines carry their own severity ("Fatal"/"Non-fatal", Fabric Manager User Guide
     DU-09883-001); ``fatal_codes`` fail whatever the line says."""
     message = event.get("message") or ""
+    if event["code"] is None:
+        return FAIL, INSPECT, "an SXid line this collection cannot parse: %r" % message
     if event["code"] in fatal_codes or (_FATAL_WORD_RE.search(message) and not _NONFATAL_WORD_RE.search(message)):
         return FAIL, REBOOT, "fatal NVSwitch error"
     return WARN, NONE, "NVSwitch error"

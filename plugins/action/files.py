@@ -76,6 +76,20 @@ class ActionModule(ActionBase):
         )
         return "" if text is None else text
 
+    def _render_entry(self, entry, task_vars):
+        """:meth:`_render`; for a secret entry an error says which entry failed, never its text
+        (a template error quotes the template)."""
+        if not entry.get("secret"):
+            return self._render(entry, task_vars)
+        try:
+            return self._render(entry, task_vars)
+        except Exception as exc:
+            raise AnsibleActionFail(
+                f"gpufleet.node.files: {entry['dest']}: the secret entry could not be rendered "
+                f"({type(exc).__name__}; its text is not shown): render it without secret: true "
+                "in a run with no_log off to see the error"
+            ) from None
+
     def _entries(self, task_vars):
         files = self._task.args.get("files") or []
         if not isinstance(files, list):
@@ -83,7 +97,9 @@ class ActionModule(ActionBase):
         out, rendered = [], {}
         for entry in files:
             if not isinstance(entry, dict) or not entry.get("dest"):
-                raise AnsibleActionFail(f"gpufleet.node.files: every entry of files needs a dest (got {entry!r})")
+                # the entry's keys only: its values may be a secret's text
+                got = f"keys {sorted(entry)}" if isinstance(entry, dict) else f"a {type(entry).__name__}"
+                raise AnsibleActionFail(f"gpufleet.node.files: every entry of files needs a dest (got {got})")
             unknown = sorted(set(entry) - ENTRY_KEYS)
             sources = [key for key in SOURCES if key in entry]
             if unknown or len(sources) != 1:
@@ -93,7 +109,9 @@ class ActionModule(ActionBase):
                 )
             if entry["dest"] in rendered:
                 raise AnsibleActionFail(f"gpufleet.node.files: {entry['dest']} is given twice")
-            rendered[entry["dest"]] = base64.b64encode(self._render(entry, task_vars).encode("utf-8")).decode("ascii")
+            rendered[entry["dest"]] = base64.b64encode(self._render_entry(entry, task_vars).encode("utf-8")).decode(
+                "ascii"
+            )
             out.append(
                 {key: entry[key] for key in ("dest", "mode", "owner", "group", "force", "secret") if key in entry}
             )

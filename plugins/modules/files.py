@@ -23,8 +23,11 @@ description:
     C(--diff), has one diff per changed file or directory (RV(diff)); the task is changed when any
     file or directory is. A handler notified by the task therefore runs when any of its files changed.
   - A O(files[].secret) entry's contents never appear in the result or the diff (its diff says
-    only that it changed). Set C(no_log) on the task too. The text of every file travels to the
+    only that it changed), nor in an error message. Set C(no_log) on the task too. The text of every file travels to the
     node in O(rendered), which is C(no_log), so the node's journal holds none of it.
+  - Every entry is checked before anything is written (modes, owners and groups, destinations and
+    their parents): a task that fails there writes nothing, so a handler it notifies never misses a
+    change.
   - This is an action plugin; the module does the writes on the node.
 author:
   - gpufleet.node developers (@gpufleet)
@@ -59,8 +62,10 @@ options:
         type: dict
       mode:
         description:
-          - The file's mode, for example V('0644'). Default O(mode). Without either, an existing
-            file keeps its mode and a new one is V('0644') (V('0600') when O(files[].secret)).
+          - The file's mode, an octal mode from V('0000') to V('07777'), for example V('0644'). Default
+            O(mode), except for a O(files[].secret) entry. Without either, an existing file keeps its
+            mode and a new one is V('0644'); a secret without its own mode is V('0600') when new and,
+            when it exists, loses its group and other permission bits.
         type: raw
       owner:
         description: The file's owner (name or uid). Default O(owner); without either it is left as it is.
@@ -101,7 +106,7 @@ options:
     description: The default group of the files and directories.
     type: str
   mode:
-    description: The default mode of the files.
+    description: The default mode of the files (not of O(files[].secret) ones).
     type: raw
   directory_mode:
     description: The default mode of the directories.
@@ -203,7 +208,7 @@ FILE_OPTIONS = {
     "dest": {"type": "path", "required": True},
     "src": {"type": "path"},
     "file": {"type": "path"},
-    "content": {"type": "str"},
+    "content": {"type": "str", "no_log": True},
     "vars": {"type": "dict"},
     "mode": {"type": "raw"},
     "owner": {"type": "str"},
@@ -239,7 +244,8 @@ def specs(params):
     for entry in params["files"]:
         spec = {key: entry.get(key) for key in ("dest", "mode", "owner", "group", "force", "secret")}
         for key in ("mode", "owner", "group"):
-            if spec[key] is None:
+            # the task's mode is for plain files: a secret without its own mode is kept private
+            if spec[key] is None and not (key == "mode" and spec["secret"]):
                 spec[key] = params[key]
         text = params["rendered"].get(entry["dest"])
         spec["content"] = entry.get("content") if text is None else base64.b64decode(text).decode("utf-8")

@@ -48,7 +48,9 @@ def test_first_run_second_run_check_mode_and_secrets(tmp_path):
     assert (etc / "raw.txt").read_text() == "raw {{ not templated }}\n"
     assert (etc / "plain.txt").read_text() == "plain first\n"
     modes = {f: (etc / f).stat().st_mode & 0o7777 for f in files + ["secret.env"]}
-    assert modes == dict.fromkeys(files + ["secret.env"], 0o644) | {"raw.txt": 0o600, "secret.env": 0o600}
+    # the task's mode (0644) is for plain files: the inline secret, with no mode of its own, is 0600
+    private = {"raw.txt": 0o600, "secret.env": 0o600, "inline-secret.env": 0o600}
+    assert modes == dict.fromkeys(files + ["secret.env"], 0o644) | private
     assert (etc / "conf.d").stat().st_mode & 0o7777 == 0o750
     # a secret entry: written, its diff says only that it changed; the no_log task shows nothing
     assert (etc / "inline-secret.env").read_text() == f"TOKEN2={TOKEN}\n"
@@ -72,3 +74,40 @@ def test_first_run_second_run_check_mode_and_secrets(tmp_path):
     ]
     assert (etc / "app.conf").read_text() == "edited\n" and (etc / "plain.txt").stat().st_mode & 0o777 == 0o666
     assert (etc / "once.txt").read_text() == "mine\n"
+
+
+REFUSED = Path(__file__).resolve().parent / "playbooks" / "files_refused.yml"
+
+
+def _refused(root, bad):
+    extra = {"files_root": str(root), "files_bad": bad, "ansible_python_interpreter": sys.executable}
+    return run_playbook(REFUSED, local=True, extra_vars=extra, timeout=300)
+
+
+def test_files_invalid_mode_refused_before_any_write(tmp_path):
+    """A mode beyond 07777 on the third file: the task fails naming it, the first two are not
+    written (so no change goes unhandled) and the handler does not run."""
+    run = _refused(tmp_path, [{"content": "three\n", "dest": f"{tmp_path}/three", "mode": "017777"}])
+    assert run.rc != 0, run.explain()
+    assert f"{tmp_path}/three: mode '017777' is not an octal mode from '0000' to '07777'" in run.output
+    assert "nothing was written" in run.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], run.explain()
+    assert "HANDLER_RAN" not in run.output
+
+
+def test_files_unknown_owner_refused_before_any_write(tmp_path):
+    run = _refused(tmp_path, [{"content": "three\n", "dest": f"{tmp_path}/three", "owner": "no-such-user-x"}])
+    assert run.rc != 0 and "owner 'no-such-user-x' does not exist" in run.output, run.explain()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], run.explain()
+
+
+def test_files_secret_not_in_messages(tmp_path):
+    """A secret entry refused on the node (its mode) and one the action refuses (no dest): the
+    task fails and the secret's text is nowhere in the output."""
+    bad = {"content": f"TOKEN={TOKEN}\n", "dest": f"{tmp_path}/s.env", "secret": True, "mode": "077777"}
+    run = _refused(tmp_path, [bad])
+    assert run.rc != 0 and "s.env: mode" in run.output, run.explain()
+    assert TOKEN not in run.output, run.explain()
+    run = _refused(tmp_path, [{"content": f"TOKEN={TOKEN}\n", "secret": True}])
+    assert run.rc != 0 and "every entry of files needs a dest (got keys ['content', 'secret'])" in run.output
+    assert TOKEN not in run.output, run.explain()

@@ -6,7 +6,11 @@
 Plain Python (standard library and _atomic only): given directories and files whose text is
 already rendered, compare each with what is on the node, write the ones that differ atomically,
 set modes and owners, and say per file what changed, with a diff. A secret entry's contents
-never appear in what is returned.
+never appear in what is returned, nor in an error.
+
+Everything is checked before anything is written (:func:`check`): every mode is an octal mode in
+0-07777, every owner and group exists, every destination is absolute, is not a directory and has
+a parent that is (or will be) a directory. A task that fails there writes nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ from ansible_collections.gpufleet.node.plugins.module_utils.common import _atomi
 
 SECRET_BEFORE = "(the contents of a secret file are not shown)\n"
 SECRET_AFTER = "(new contents of a secret file, not shown)\n"
+#: The largest mode: the permission bits and setuid, setgid and sticky (``chmod``'s range).
+MAX_MODE = 0o7777
+#: A new secret file's mode, and the bits an existing one loses, where its entry gives no mode.
+SECRET_MODE = 0o600
+_GROUP_OTHER = 0o077
 
 
 class FilesError(Exception):
@@ -27,15 +36,21 @@ class FilesError(Exception):
 
 
 def parse_mode(mode):
-    """``'0644'``, ``'644'`` or an int (as YAML gives ``0644``) to an int; None stays None."""
+    """``'0644'``, ``'644'`` or an int (as YAML gives ``0644``) to an int in 0-07777; None stays None."""
     if mode is None or mode == "":
         return None
-    if isinstance(mode, int):
-        return mode
-    try:
-        return int(str(mode), 8)
-    except ValueError:
-        raise FilesError(f"mode {mode!r} is not an octal mode such as '0644'") from None
+    if isinstance(mode, bool):
+        value = None
+    elif isinstance(mode, int):
+        value = mode
+    else:
+        try:
+            value = int(str(mode).strip(), 8)
+        except ValueError:
+            value = None
+    if value is None or not 0 <= value <= MAX_MODE:
+        raise FilesError(f"mode {mode!r} is not an octal mode from '0000' to '07777' such as '0644'")
+    return value
 
 
 def _account_id(name, lookup, what, kind):
@@ -97,17 +112,136 @@ def _set_attrs(path, attrs, mode, uid, gid):
         os.chown(path, uid, gid)
 
 
+def _stat(path, follow=True):
+    """``os.stat`` (or ``lstat``) of ``path``, None when nothing is there; a parent that is not a
+    directory is a :class:`FilesError` naming it."""
+    try:
+        return os.stat(path) if follow else os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        raise FilesError(f"{path}: a parent of it is not a directory: remove it or choose another path") from None
+    except OSError as exc:
+        raise FilesError(f"{path}: cannot be examined: {exc.strerror or exc}") from None
+
+
+def _check_parent(path, made):
+    """The nearest existing ancestor of ``path`` is a directory, or ``path``'s parent is one of
+    ``made`` (directories this task creates)."""
+    parent = os.path.dirname(path)
+    while parent and parent != os.path.dirname(parent):
+        if parent in made:
+            return
+        try:
+            st = os.stat(parent)
+        except FileNotFoundError:
+            parent = os.path.dirname(parent)
+            continue
+        except NotADirectoryError:
+            parent = os.path.dirname(parent)
+            continue
+        except OSError as exc:
+            raise FilesError(f"{path}: its parent {parent} cannot be examined: {exc.strerror or exc}") from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise FilesError(
+                f"{path}: {parent} is a file, not a directory, so nothing can be written below it: "
+                "remove it or choose another path"
+            )
+        return
+
+
+def _check_directory(spec, made):
+    """One directory entry validated: ``{'path', 'mode', 'uid', 'gid'}``."""
+    path = spec.get("path")
+    if not path or not os.path.isabs(str(path)):
+        raise FilesError(f"directory path {path!r} is not an absolute path")
+    path = os.path.normpath(path)
+    try:
+        mode = parse_mode(spec.get("mode"))
+    except FilesError as exc:
+        raise FilesError(f"{path}: {exc}") from None
+    out = {"path": path, "mode": mode, "uid": _uid(spec.get("owner")), "gid": _gid(spec.get("group"))}
+    _check_parent(path, made)
+    st = _stat(path)
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        raise FilesError(f"{path} exists and is not a directory: remove it or choose another path")
+    return out
+
+
+def _check_file(spec, made):
+    """One file entry validated: the spec with ``mode`` an int or None and ``uid``, ``gid``."""
+    dest = spec.get("dest")
+    if not dest or not os.path.isabs(str(dest)):
+        raise FilesError(f"dest {dest!r} is not an absolute path")
+    if spec.get("content") is None:
+        raise FilesError(f"{dest}: no content (src and file are rendered by the action on the controller)")
+    try:
+        mode = parse_mode(spec.get("mode"))
+    except FilesError as exc:
+        raise FilesError(f"{dest}: {exc}") from None
+    try:
+        uid, gid = _uid(spec.get("owner")), _gid(spec.get("group"))
+    except FilesError as exc:
+        raise FilesError(f"{dest}: {exc}") from None
+    _check_parent(dest, made)
+    st = _stat(dest, follow=False)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise FilesError(f"{dest} is a directory: a file cannot be written there")
+    return dict(spec, mode=mode, uid=uid, gid=gid)
+
+
+def check(files, directories=()):
+    """Every entry validated before anything is written: ``(files, directories)`` as
+    :func:`write_file` and :func:`ensure_directory` take them. :class:`FilesError` lists every
+    entry that is refused (a secret's contents never in it) and says nothing was written."""
+    problems, checked_dirs, checked_files, made = [], [], [], set()
+    for spec in directories:
+        try:
+            checked = _check_directory(spec, made)
+        except FilesError as exc:
+            problems.append(str(exc))
+            continue
+        checked_dirs.append(checked)
+        made.add(checked["path"])
+        parent = os.path.dirname(checked["path"])
+        while parent and parent != os.path.dirname(parent) and _stat_quiet(parent) is None:
+            made.add(parent)  # os.makedirs creates the missing parents too
+            parent = os.path.dirname(parent)
+    seen = set()
+    for spec in files:
+        try:
+            checked = _check_file(spec, made)
+        except FilesError as exc:
+            problems.append(str(exc))
+            continue
+        if checked["dest"] in seen:
+            problems.append(f"{checked['dest']} is given twice")
+        seen.add(checked["dest"])
+        checked_files.append(checked)
+    if problems:
+        raise FilesError(
+            "nothing was written; %d entr%s refused: %s"
+            % (len(problems), "y" if len(problems) == 1 else "ies", "; ".join(problems))
+        )
+    return checked_files, checked_dirs
+
+
+def _stat_quiet(path):
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
 def ensure_directory(spec, check_mode=False, want_diff=False):
     """Create ``spec['path']`` (and its parents) if missing and set its mode and owner.
     Returns a per-directory record and a diff or None."""
+    if "uid" not in spec:
+        spec = _check_directory(spec, set())
     path = spec["path"]
-    mode = parse_mode(spec.get("mode"))
-    uid, gid = _uid(spec.get("owner")), _gid(spec.get("group"))
+    mode, uid, gid = spec["mode"], spec["uid"], spec["gid"]
     record = {"path": path, "state": "directory", "changed": False}
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        st = None
+    st = _stat(path)
     if st is not None and not stat.S_ISDIR(st.st_mode):
         raise FilesError(f"{path} exists and is not a directory: remove it or choose another path")
     if st is None:
@@ -151,22 +285,21 @@ def write_file(spec, check_mode=False, want_diff=False):
     ``force: false`` leaves an existing file as it is. ``secret: true`` keeps the contents out of
     the diff. Returns a per-file record and its diffs (the contents, then the mode and owner
     where they differ)."""
-    dest = spec["dest"]
-    if not os.path.isabs(dest):
-        raise FilesError(f"dest {dest!r} is not an absolute path")
-    content = spec.get("content")
-    if content is None:
-        raise FilesError(f"{dest}: no content (src and file are rendered by the action on the controller)")
+    if "uid" not in spec:
+        spec = _check_file(spec, set())
+    dest, content = spec["dest"], spec["content"]
     secret = bool(spec.get("secret"))
-    mode = parse_mode(spec.get("mode"))
-    uid, gid = _uid(spec.get("owner")), _gid(spec.get("group"))
+    mode, uid, gid = spec["mode"], spec["uid"], spec["gid"]
     record = {"dest": dest, "changed": False, "secret": secret}
-    if mode is not None:
-        record["mode"] = "%04o" % mode
     old, st = _read(dest)
     if st is not None and spec.get("force") is False:
         record["action"] = "kept"
         return record, []
+    if secret and mode is None:
+        # no mode asked: a new secret is 0600, an existing one loses its group and other bits
+        mode = SECRET_MODE if st is None or not stat.S_ISREG(st.st_mode) else stat.S_IMODE(st.st_mode) & ~_GROUP_OTHER
+    if mode is not None:
+        record["mode"] = "%04o" % mode
     new = content.encode("utf-8")
     attrs = {} if st is None or not stat.S_ISREG(st.st_mode) else _wanted_attrs(_attrs(st), mode, uid, gid)
     if st is None:
@@ -184,7 +317,7 @@ def write_file(spec, check_mode=False, want_diff=False):
         else:
             # a new file is made with the wanted mode from its first byte (0600 for a secret)
             keep = 0o644 if st is None else stat.S_IMODE(st.st_mode)
-            _atomic.write(dest, content, 0o600 if secret and mode is None else (keep if mode is None else mode))
+            _atomic.write(dest, content, keep if mode is None else mode)
             if uid != -1 or gid != -1:
                 os.chown(dest, uid, gid)
     if not want_diff:
@@ -202,12 +335,31 @@ def write_file(spec, check_mode=False, want_diff=False):
 
 
 def apply(files, directories=(), check_mode=False, want_diff=False):
-    """Directories first (in order), then files. Returns the module's result: ``changed``,
-    ``results`` (one record per file), ``directories``, ``changed_dests`` (paths changed, files
-    and directories), ``diff`` (a list, with ``want_diff``)."""
+    """Every entry checked (:func:`check`), then directories first (in order), then files. Returns
+    the module's result: ``changed``, ``results`` (one record per file), ``directories``,
+    ``changed_dests`` (paths changed, files and directories), ``diff`` (a list, with
+    ``want_diff``). An error of the system while writing names what was already written."""
+    files, directories = check(files, directories)
     result = {"changed": False, "results": [], "directories": [], "changed_dests": [], "diff": []}
+    try:
+        _apply(result, files, directories, check_mode, want_diff)
+    except FilesError as exc:
+        done = result["changed_dests"]
+        raise FilesError(
+            "%s (already written before this error: %s)" % (exc, ", ".join(done) if done else "nothing")
+        ) from None
+    result["changed"] = bool(result["changed_dests"])
+    if not want_diff:
+        del result["diff"]
+    return result
+
+
+def _apply(result, files, directories, check_mode, want_diff):
     for spec in directories:
-        record, diff = ensure_directory(spec, check_mode, want_diff)
+        try:
+            record, diff = ensure_directory(spec, check_mode, want_diff)
+        except OSError as exc:
+            raise FilesError(f"cannot create {spec['path']}: {exc.strerror or exc}") from None
         result["directories"].append(record)
         if record["changed"]:
             result["changed_dests"].append(record["path"])
@@ -222,7 +374,3 @@ def apply(files, directories=(), check_mode=False, want_diff=False):
         if record["changed"]:
             result["changed_dests"].append(record["dest"])
         result["diff"].extend(diffs)
-    result["changed"] = bool(result["changed_dests"])
-    if not want_diff:
-        del result["diff"]
-    return result

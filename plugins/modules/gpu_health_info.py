@@ -30,7 +30,8 @@ description:
     the PCI tree) the C(nvidia-fabricmanager) service must be active and every GPU's fabric state
     C(completed) with status C(success).
   - C(nvlink) - every link of an NVLink GPU active at the expected speed; CRC, replay and recovery
-    error counters above their thresholds warn (NVML backend only).
+    error counters above their thresholds warn (NVML backend only). On an NVLink design (another
+    GPU has links, or the GPU reports an NVSwitch fabric state) a GPU with no link read fails.
   - C(clocks) - HW slowdown, HW thermal slowdown or HW power brake active fails; SW thermal
     slowdown warns; a SW power cap is not a fault.
   - C(pcie_link) - link generation or width below the maximum (capped by the upstream port) fails

@@ -209,6 +209,17 @@ def test_attached_count_mismatch_fails(node):
     assert "says 9 GPU(s) are attached but prints 8 GPU block(s)" in result["msg"]
 
 
+def test_nvlink_design_without_link_lines_fails(node):
+    text = nvlinks(len(node.bdfs))
+    start, end = text.index("GPU 5:"), text.index("GPU 6:")
+    text = text[:start] + text[start:end].splitlines()[0] + "\n" + text[end:]
+    result = run_module("gpu_health_info", node(nvlink=text))
+    assert not result.get("failed"), result
+    (check,) = [c for c in result["gpu_health"]["checks"] if c["name"] == "nvlink"]
+    assert check["status"] == "fail" and check["gpus"] == [node.bdfs[5]]
+    assert check["reason"].startswith("no NVLink state read for GPU(s) %s although" % node.bdfs[5])
+
+
 def test_ansible_doc_renders():
     doc = shutil.which("ansible-doc", path=str(VENV_BIN))
     proc = subprocess.run(

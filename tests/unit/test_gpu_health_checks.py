@@ -479,3 +479,34 @@ def test_nvml_not_supported_warns_with_the_reason():
     # Everything read: pass, with the FunctionNotFound PCIe generation not worth a warning.
     (gpu,) = _collect.collect_nvml(FakeNvml())["gpus"]
     assert readable([gpu])["status"] == "pass"
+
+
+def test_nvlink_design_without_link_lines_fails():
+    """`nvidia-smi nvlink -s` of an 8x A100 (real sample) with GPU 3's link lines dropped."""
+    text = (Q / "nvlink-s-a100.txt").read_text()
+    start = text.index("GPU 3:")
+    end = text.index("GPU 4:")
+    header = text[start:end].splitlines()[0] + "\n"
+    parsed = _nvsmi_q.parse_nvlink_links(text[:start] + header + text[end:])
+    bdfs = ["0000:%02x:00.0" % (0x10 * (i + 1)) for i in range(8)]
+    gpus = [gpu(bus_id=b, uuid=entry["uuid"], fabric=None) for b, entry in zip(bdfs, parsed, strict=True)]
+    _nvsmi_q.attach_nvlinks(gpus, parsed)
+    assert gpus[3]["nvlinks"] == [] and all(len(g["nvlinks"]) == 12 for i, g in enumerate(gpus) if i != 3)
+    result = _checks.check_nvlink(gpus, T)
+    assert result["status"] == "fail" and result["gpus"] == [bdfs[3]] and result["action"] == "reset the GPU"
+    assert result["reason"].startswith("no NVLink state read for GPU(s) %s although GPU(s) %s" % (bdfs[3], bdfs[0]))
+    # A GPU that reports an NVSwitch fabric (the H100 sample) without a link read fails alone too.
+    alone = _checks.check_nvlink([gpu(nvlinks=[])], T)
+    assert alone["status"] == "fail" and "they report an NVSwitch fabric state" in alone["reason"]
+    # A GPU without NVLink and without a fabric (the V100 PCIe sample): nothing to read.
+    assert _checks.check_nvlink([gpu(V100, nvlinks=[])], T)["status"] == "pass"
+
+
+def test_nvml_nvlink_design_with_a_lost_link_state_fails():
+    class NoLinks(FakeNvml):
+        def nvmlDeviceGetNvLinkState(self, handle, link):
+            raise self.NVMLError(STUB.NVML_ERROR_NOT_SUPPORTED)
+
+    (gpu_record,) = _collect.collect_nvml(NoLinks(fabric_state=3))["gpus"]
+    assert gpu_record["nvlinks"] == [] and gpu_record["fabric"] == {"state": "completed", "status": "success"}
+    assert _checks.check_nvlink([gpu_record], T)["status"] == "fail"

@@ -209,7 +209,27 @@ def check_fabric(gpus, pci, mode, fm_state):
 
 
 def check_nvlink(gpus, thresholds, expected_speed=None):
+    """The links' state, speed and error counters. On an NVLink design - another GPU of the node
+    has links, or the GPU reports an NVSwitch fabric state - a GPU without any link read (no link
+    line in ``nvidia-smi nvlink -s``, no link state from NVML) fails: its links are unread, not
+    absent."""
     nvlink_gpus = [g for g in gpus if g.get("nvlinks")]
+    unread = [g["bus_id"] for g in gpus if not g.get("nvlinks") and (nvlink_gpus or g.get("fabric"))]
+    if unread:
+        why = (
+            "GPU(s) %s of this node do" % ", ".join(g["bus_id"] for g in nvlink_gpus)
+            if nvlink_gpus
+            else "they report an NVSwitch fabric state"
+        )
+        return check(
+            "nvlink",
+            FAIL,
+            unread,
+            "no NVLink state read for GPU(s) %s although %s (an NVLink design): `nvidia-smi nvlink -s` "
+            "prints no link line for them, or NVML reads no link; reset the GPU or reboot, and inspect "
+            "the GPU if its links stay unread" % (", ".join(unread), why),
+            RESET_GPU,
+        )
     if not nvlink_gpus:
         return check("nvlink", PASS, [], "no NVLink GPU")
     speeds = [link["speed_gbps"] for g in nvlink_gpus for link in g["nvlinks"] if link.get("speed_gbps")]

@@ -150,6 +150,15 @@ def test_missing_boot_id_and_model_are_clear_errors(tmp_path, run_module):
     assert res["failed"] and "model" in res["msg"]
 
 
+@pytest.mark.parametrize("content, why", [(b"", "empty"), (b"\n", "empty"), (b"\xff\xfe\x00", "not a boot id")])
+def test_a_boot_id_that_is_empty_or_not_text_is_unreadable(tmp_path, run_module, content, why):
+    """An empty boot id would match a marker written without one."""
+    a = args(tmp_path, {"boot_id": "", "passed": True})
+    (tmp_path / "boot_id").write_bytes(content)
+    res = run_module("node_readiness_info", a)
+    assert res["failed"] and res["msg"].startswith(f"cannot read the boot id at {tmp_path / 'boot_id'}: {why}"), res
+
+
 @pytest.mark.parametrize("option,value", [("timeout", "nan"), ("timeout", 0), ("timeout", "inf"), ("max_bytes", 0)])
 def test_limits_that_bound_nothing_are_refused(tmp_path, run_module, option, value):
     res = run_module(
@@ -220,6 +229,10 @@ def test_a_failed_gpu_health_verdict_of_this_boot_keeps_a_node_out(tmp_path, run
         ({"boot_id": BOOT, "checks": [], "reason": "gpu_facts: no driver"}, False),
         ("{not json", False),
         ("[]", False),
+        # malformed verdicts of this boot keep the node out, described, never a TypeError
+        ({"boot_id": BOOT, "passed": False, "checks": 5}, False),
+        ({"boot_id": BOOT, "passed": False, "checks": "xid", "reason": ["XID 79"]}, False),
+        ({"boot_id": BOOT, "passed": False, "reason": {"xid": 79}}, False),
     ],
 )
 def test_the_gpu_health_verdict_alone(tmp_path, run_module, verdict, ready):

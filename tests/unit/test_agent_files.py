@@ -58,7 +58,7 @@ def tree(*names):
         ),
         (
             "roles/lb_registration/files/gpufleet_lb_agent.py",
-            tree("__init__.py", "nccl/__init__.py", "nccl/_readiness.py"),
+            tree("__init__.py", "lb/__init__.py", "lb/_allow.py", "nccl/__init__.py", "nccl/_readiness.py"),
         ),
         (
             "roles/worker_recycle/files/gpufleet_worker_recycle.py",

@@ -25,9 +25,16 @@ HEALTH_FILE = "gpu-health.json"
 
 
 def read_boot_id(path):
-    """The boot id at ``path``; OSError when it cannot be read."""
-    with open(path) as f:
-        return f.read().strip()
+    """The boot id at ``path``; OSError when it cannot be read, is not text or is empty (an empty
+    boot id would match a marker that carries none)."""
+    try:
+        with open(path, encoding="ascii") as f:
+            boot_id = f.read(4096).strip()
+    except UnicodeDecodeError as exc:
+        raise OSError(f"not a boot id ({exc.reason} at byte {exc.start})") from None
+    if not boot_id:
+        raise OSError("empty")
+    return boot_id
 
 
 def _read_json_object(path, what):
@@ -75,10 +82,15 @@ def read_health(path):
 
 
 def health_failures(verdict):
-    """``name: reason (action)`` of each failed check of a verdict (its ``reason`` when it lists none)."""
-    failed = [c for c in verdict.get("checks") or [] if isinstance(c, dict) and c.get("status", "fail") == "fail"]
+    """``name: reason (action)`` of each failed check of a verdict (its ``reason`` when it lists
+    none). A malformed verdict (``checks`` not a list, a reason that is not text) is described,
+    never a TypeError: the verdict still keeps the node out."""
+    checks = verdict.get("checks")
+    if not isinstance(checks, list):
+        checks = []
+    failed = [c for c in checks if isinstance(c, dict) and c.get("status", "fail") == "fail"]
     if not failed:
-        return [verdict.get("reason") or "no reason recorded"]
+        return [f"{verdict.get('reason') or 'no reason recorded'}"]
     return [
         f"{c.get('name', '?')}: {c.get('reason') or 'no reason recorded'} (action: {c.get('action') or '?'})"
         for c in failed

@@ -10,7 +10,11 @@ the node's journal, standard error here, and stay in the gate's JSON):
     up                       the NCCL gate's marker is from this boot and says passed
     down #<word>             anything else: no-marker (the gate has not run since boot),
                              stale-marker (an earlier boot's), gate-failed, marker-unreadable,
-                             gpu-health-failed, health-unreadable, boot-id-unreadable
+                             gpu-health-failed, health-unreadable, boot-id-unreadable,
+                             allow-list-invalid (its --allow cannot be parsed: it cannot
+                             tell whom to answer, so everyone who reaches it hears down),
+                             agent-error (anything else that kept it from judging: a bad
+                             command line, a missing module_utils copy, a bug)
     drain up #<word>         the node asked to be drained (--request, e.g. by its worker-recycle
                              timer before a restart); `maint` likewise
     ready up                 the node asked to return, until the request's `until` (epoch s)
@@ -22,8 +26,14 @@ WORD, "until": EPOCH}), so operators' drains stay theirs otherwise. The readines
 gpufleet.node's (module_utils ``_readiness``), imported by its collection name from the copy the role
 installs beside this file (``ansible_collections/gpufleet/node/plugins/module_utils/...``).
 
+It never exits without an answer to a client it may answer: whatever keeps it from judging
+answers `down` with a word, and the reason (with the traceback of a bug) goes to the journal. A
+silent agent is one HAProxy ignores, and the server would stay UP whatever the gate says.
+
 With --allow, a client whose address is not in the list gets no answer (the socket's
 IPAddressAllow= already keeps others out where the kernel supports it; this is the second check).
+The list is parsed by the collection's one parser (module_utils ``lb/_allow``), the one the role's
+preflight refuses a bad entry with.
 
     python3 /usr/local/lib/gpufleet/gpufleet_lb_agent.py --marker PATH [--boot-id PATH]
         [--request PATH] [--allow PREFIX ...]
@@ -37,11 +47,11 @@ import re
 import socket
 import sys
 import time
+import traceback
 
 #: The administrative states a node may ask for, and HAProxy's words for them.
 REQUESTS = ("drain", "maint", "ready")
 _WORD = re.compile(r"[^a-z0-9-]+")
-_KEYWORDS = {"localhost": ("127.0.0.0/8", "::1/128"), "any": ("0.0.0.0/0", "::/0")}
 
 
 def log(message):
@@ -55,12 +65,13 @@ def short_word(text, default):
     return word or default
 
 
-def allowed_networks(entries):
-    nets = []
-    for entry in entries:
-        for item in _KEYWORDS.get(entry, (entry,)):
-            nets.append(ipaddress.ip_network(item, strict=False))
-    return nets
+class UsageError(Exception):
+    """A command line the agent cannot run with (argparse would exit without an answer)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
 
 
 def peer_address():
@@ -70,8 +81,9 @@ def peer_address():
     except OSError:
         return None
     try:
-        address = ipaddress.ip_address(sock.getpeername()[0])
-    except (OSError, ValueError, IndexError, TypeError):
+        # an IPv6 link-local peer comes with its zone ("fe80::1%eth0"), which Python 3.8 refuses
+        address = ipaddress.ip_address(sock.getpeername()[0].split("%")[0])
+    except (OSError, ValueError, IndexError, TypeError, AttributeError):
         return None
     finally:
         sock.close()
@@ -121,8 +133,29 @@ def answer(marker, boot_id, request=None, health=None):
     return " ".join(words), detail
 
 
+def say(line, peer, detail):
+    """Answer ``line``; log it with ``detail`` unless it is ``up``."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+    if line != "up":
+        log("answered %r to %s: %s" % (line, peer or "?", detail))
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    """Answer the connection on standard input: 0 when answered (or refused to a client outside
+    --allow), 1 when it had to answer ``down`` because it could not judge."""
+    peer = None
+    try:
+        peer = peer_address()
+        return serve(argv, peer)
+    except Exception as exc:  # a malformed record, a missing module_utils copy, a bug: down, never silence
+        say("down #agent-error", peer, "cannot judge: %s: %s" % (type(exc).__name__, exc))
+        log(traceback.format_exc().rstrip())
+        return 1
+
+
+def serve(argv, peer):
+    parser = _Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--marker", required=True, help="the NCCL gate's readiness marker (JSON)")
     parser.add_argument(
         "--boot-id", default="/proc/sys/kernel/random/boot_id", help="where the current boot id is read"
@@ -131,23 +164,28 @@ def main(argv=None):
     parser.add_argument(
         "--allow", nargs="*", default=None, help="addresses or prefixes that get an answer (localhost, any)"
     )
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as exc:
+        say("down #agent-error", peer, "cannot judge: bad command line (%s); see the unit's ExecStart=" % exc)
+        return 1
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    peer = peer_address()
+    # the copy of the collection's module_utils the role installs beside this file
+    from ansible_collections.gpufleet.node.plugins.module_utils.lb import _allow
+
     if args.allow is not None and peer is not None:
         try:
-            nets = allowed_networks(args.allow)
+            nets = _allow.parse(args.allow)
         except ValueError as exc:
-            log("no answer: bad --allow: %s" % exc)
-            return 2
-        if not any(peer.version == net.version and peer in net for net in nets):
+            # whom to answer is unknown: the balancer may be among the entries lost, and a silent
+            # agent would leave the server UP; the socket's own filter still applies
+            say("down #allow-list-invalid", peer, "cannot tell whom to answer: --allow %s" % exc)
+            return 1
+        if not _allow.allows(nets, peer):
             log("no answer to %s: not one of the balancer's addresses (%s)" % (peer, " ".join(args.allow)))
             return 0
     line, detail = answer(args.marker, args.boot_id, args.request)
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-    if line != "up":
-        log("answered %r to %s: %s" % (line, peer or "?", detail))
+    say(line, peer, detail)
     return 0
 
 

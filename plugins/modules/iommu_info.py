@@ -25,6 +25,8 @@ options:
   sysfs_root:
     description:
       - Where sysfs is mounted (C(class/iommu) and C(kernel/iommu_groups) are read below it).
+      - A root that does not exist, or holds no PCI tree (no C(bus/pci/devices), or one without
+        devices) while O(sysfs_path) is not given, fails the task.
     type: path
     default: /sys
   proc_path:

@@ -137,6 +137,23 @@ def test_missing_sysfs_tree_is_an_error(lab_node, tmp_path, missing):
         _iommu.audit(**args)
 
 
+@pytest.mark.parametrize("tree", ["none", "empty"])
+def test_empty_iommu_root_fails(lab_node, tmp_path, tree):
+    """A sysfs root that exists but holds no PCI tree (none, or one without devices) is an error,
+    like one that does not exist - never "IOMMU off, no GPUs"."""
+    node = lab_node("l40s-4x-switch")
+    root = tmp_path / "sys"
+    shutil.copytree(node.root / "sys" / "class", root / "class", symlinks=True)
+    if tree == "empty":
+        (root / "bus" / "pci" / "devices").mkdir(parents=True)
+    match = "holds no PCI tree" if tree == "none" else "no PCI devices under"
+    with pytest.raises((_iommu.IommuError, _sysfs.PciTreeMissing), match=match):
+        _iommu.audit(str(root), str(node.root / "proc"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(_iommu.IommuError, match="sysfs_root %s holds no PCI tree" % (tmp_path / "empty")):
+        _iommu.audit(str(tmp_path / "empty"), str(node.root / "proc"))
+
+
 def test_proc_without_cmdline_is_an_error(lab_node, tmp_path):
     node = lab_node("l40s-4x-switch")
     (tmp_path / "proc").mkdir()

@@ -109,7 +109,9 @@ def audit(sysfs_root="/sys", proc_path="/proc", sysfs_path=None):
     """Everything iommu_info returns, as one dict.
 
     A missing tree is an error, never "IOMMU off": ``sysfs_root`` and ``proc_path`` must be
-    directories, ``<proc_path>/cmdline`` readable, and an explicit ``sysfs_path`` a PCI tree.
+    directories, ``<proc_path>/cmdline`` readable, and ``sysfs_path`` (given, or the PCI tree of
+    ``sysfs_root``) a PCI tree with devices: a sysfs root that exists but holds no PCI tree is
+    as wrong as one that does not exist.
     """
     for name, path in (("sysfs_root", sysfs_root), ("proc_path", proc_path)):
         if not os.path.isdir(path):
@@ -149,10 +151,12 @@ def audit(sysfs_root="/sys", proc_path="/proc", sysfs_path=None):
         # kernel default (x86 distribution kernels build with lazy invalidation).
         mode, source = "translated-lazy", "kernel default (no group type files, nothing on the command line)"
 
-    if explicit_pci_tree or os.path.isdir(os.path.join(sysfs_path, "devices")):
-        devices = scan_tree(sysfs_path, with_config=False)
-    else:
-        devices = {}  # a sysfs without a PCI bus
+    if not explicit_pci_tree and not os.path.isdir(os.path.join(sysfs_path, "devices")):
+        raise IommuError(
+            "sysfs_root %s holds no PCI tree (no %s): point sysfs_root at where sysfs is mounted, or "
+            "sysfs_path at a PCI tree like /sys/bus/pci" % (sysfs_root, os.path.join(sysfs_path, "devices"))
+        )
+    devices = scan_tree(sysfs_path, with_config=False)
     gpus = []
     for bdf in sorted(devices):
         dev = devices[bdf]

@@ -42,14 +42,29 @@ def update(store, verdicts, window, check_mode):
     try:
         outcome = store.update(verdicts, window=window, designs=descriptors, dry_run=check_mode)
     except (_baseline.BaselineError, OSError) as exc:
-        return dict(changed=False, updated={}, corrupt={}, ignored=len(verdicts), problem=str(exc), warnings=[str(exc)])
+        return dict(
+            changed=False,
+            updated={},
+            corrupt={},
+            ignored=len(verdicts),
+            dropped=[],
+            problem=str(exc),
+            warnings=[str(exc)],
+        )
+    # a verdict that failed is expected not to count; any other figure not kept is said aloud
+    notes = [
+        "nccl_baseline: %s (design %s, %s GB/s) not kept: %s" % (d["host"], d["design_key"], d["gbps"], d["reason"])
+        for d in outcome["dropped"]
+        if not d["reason"].startswith("did not pass")
+    ]
     return dict(
         changed=bool(outcome["updated"]),
         updated=outcome["updated"],
         corrupt=outcome["corrupt"],
         ignored=outcome["ignored"],
+        dropped=outcome["dropped"],
         problem=None,
-        warnings=list(outcome["corrupt"].values()),
+        warnings=list(outcome["corrupt"].values()) + notes,
     )
 
 

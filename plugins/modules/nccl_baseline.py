@@ -16,10 +16,17 @@ description:
     healthy gate figure of each node of that design (at most O(window) nodes, the most recent).
   - "V(read): every design's samples, for the O(gpufleet.node.nccl_allreduce#module:baselines)
     option of M(gpufleet.node.nccl_allreduce), which takes the median of this node's peers."
-  - "V(update): adds the verdicts that passed (C(passed=true), C(kind=ok), a finite judged figure,
-    a design key); the others are ignored. A node keeps only its latest figure."
-  - One writer at a time (C(fcntl.flock) on C(.lock) in the directory, readers share it), every
-    file written atomically (a temporary file in the same directory, fsync, rename).
+  - "V(update): adds the verdicts that passed (C(passed=true), C(kind=ok)) judged by their design's
+    own rule (C(rule) V(peer_median) or V(physics_floor); a figure gated against a hand-set fixed
+    threshold is not a peer), with a finite judged figure, a finite timestamp and a design key. A
+    timestamp more than 300 s ahead of the controller's clock is taken as the controller's time. A
+    node keeps only its newest figure, which replaces the stored one. Every verdict that does not
+    count and every figure the window pushes out is in RV(dropped) with the reason (a warning unless
+    the verdict failed)."
+  - One writer at a time (C(fcntl.flock) on C(.lock) in the directory, readers share it on a
+    read-only descriptor, so reading needs no write access; a reader that cannot open the lock
+    reads without it), every file written atomically (a temporary file in the same directory,
+    fsync, rename).
   - A design file that does not parse, is of another format, names another design or fails its
     checksum is corrupt; it is reported (a warning, RV(corrupt), and the gate's verdict for that
     design says the physics floor decided because of it) and never rewritten or reset. Repair it
@@ -113,9 +120,17 @@ updated:
   type: dict
   sample: {"l40s-4x-pcie-91b2e0d4": ["node1", "node2"]}
 ignored:
-  description: With V(update), how many verdicts did not count (failed, or no figure or key).
+  description: With V(update), how many verdicts did not count (failed, another rule, no figure, timestamp or key).
   returned: state is update
   type: int
+dropped:
+  description:
+    - With V(update), every verdict that did not count and every figure not kept (an older verdict
+      of the same host, outside the window), each C({host, design_key, gbps, reason}).
+  returned: state is update
+  type: list
+  elements: dict
+  sample: [{"host": "node3", "design_key": "l40s-4x-pcie-91b2e0d4", "gbps": 21.4, "reason": "judged by rule 'fixed', ..."}]
 problem:
   description: Why the store could not be used at all (a directory that cannot be created or locked), else C(null).
   returned: always

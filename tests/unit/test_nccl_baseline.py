@@ -15,7 +15,7 @@ from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _baselin
 KEY = "h100-80gb-hbm3-8x-nvswitch-4f1c0a9e"
 
 
-def verdict(host, gbps, t=1.7e9, passed=True, kind="ok", key=KEY):
+def verdict(host, gbps, t=1.7e9, passed=True, kind="ok", key=KEY, rule="physics_floor"):
     return {
         "host": host,
         "design_key": key,
@@ -24,6 +24,7 @@ def verdict(host, gbps, t=1.7e9, passed=True, kind="ok", key=KEY):
         "judged_busbw_gbps": gbps,
         "timestamp": t,
         "boot_id": "b-" + host,
+        "rule": rule,
     }
 
 
@@ -138,7 +139,8 @@ def test_store_survives_concurrent_writers(tmp_path):
 def test_store_keeps_the_latest_figure_per_node_and_the_window(tmp_path):
     store = _baseline.Store(tmp_path)
     out = store.update([verdict("a", 460.0, t=1), verdict("b", 470.0, t=2), verdict("c", 1.0, passed=False)], window=2)
-    assert out == {"updated": {KEY: ["a", "b"]}, "corrupt": {}, "ignored": 1}
+    failed = {"host": "c", "design_key": KEY, "gbps": 1.0, "reason": "did not pass (passed False, kind 'ok')"}
+    assert out == {"updated": {KEY: ["a", "b"]}, "corrupt": {}, "ignored": 1, "dropped": [failed]}
     assert store.update([verdict("a", 460.0, t=1)], window=2)["updated"] == {}  # nothing new
     store.update([verdict("a", 465.0, t=3), verdict("d", 466.0, t=4)], window=2)
     samples = store.read()[0][KEY]

@@ -7,10 +7,19 @@ statistic. Plain Python, no Ansible.
 * **The store** (``Store``): a directory on the controller, one JSON file per design key
   (``<key>.json``), each holding the latest healthy verdict of each node of that design (at most
   ``window`` nodes, the most recent). One writer at a time (``fcntl.flock`` on ``.lock`` in the
-  directory; readers take it shared), every write atomic (a temporary file in the same directory,
+  directory; readers take it shared, on a descriptor opened read-only, so a reader needs no write
+  access; where the lock file cannot be opened at all a reader reads without it, which the atomic
+  writes make safe), every write atomic (a temporary file in the same directory,
   fsync, rename). A file that does not parse, is not of this format, names another design or
   fails its checksum is CORRUPT: it is reported (``BaselineCorrupt``), never rewritten, so the
   figures in it are not silently lost; move it away or repair it.
+* **Which verdicts become peers** (``sample_or_reason``): a verdict that passed, judged by its
+  design's own rule (``peer_median`` or ``physics_floor``; one gated against a hand-set fixed
+  threshold says nothing about its design), with a finite figure and a finite timestamp. A
+  timestamp is the node's, bounded by the controller's clock: one more than
+  ``MAX_CLOCK_AHEAD_S`` ahead of it is taken as the controller's time, so a node whose clock ran
+  ahead cannot pin its figure. A node's newest verdict replaces its stored figure. Every verdict
+  or stored figure that is not kept is reported (``dropped``), with the reason.
 * **The statistic** (``statistic``): the median of the peers' latest healthy figures, the judged
   node itself left out, after dropping outliers (further from the median than 3.5 robust standard
   deviations, 1.4826 x the median absolute deviation, and never closer than 2 %).
@@ -26,6 +35,7 @@ import json
 import math
 import os
 import re
+import time
 
 from ansible_collections.gpufleet.node.plugins.module_utils.common import _atomic
 
@@ -37,6 +47,10 @@ OUTLIER_SIGMAS = 3.5
 OUTLIER_MIN_RELATIVE = 0.02
 MAD_TO_SIGMA = 1.4826
 LOCK_NAME = ".lock"
+#: The rules by which a verdict judges a node against its own design (``_threshold.decide``).
+PEER_RULES = ("peer_median", "physics_floor")
+#: How far ahead of the controller's clock a verdict's timestamp may be (clock skew), in seconds.
+MAX_CLOCK_AHEAD_S = 300.0
 _KEY_RE = re.compile(r"^[a-z0-9][a-z0-9.+-]{0,199}$")
 
 
@@ -65,29 +79,55 @@ def _finite_positive(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-def healthy_sample(verdict):
-    """The store entry for one gate verdict, or None when it does not count: only a verdict that
-    passed (``kind`` ``ok``, ``passed`` true) with a finite judged figure and a design key."""
+def sample_or_reason(verdict, now=None):
+    """``(sample, None)``: the store entry for one gate verdict; or ``(None, reason)`` where it
+    does not count (see the module docstring). ``now``: the controller's clock (default: now)."""
     if not isinstance(verdict, dict):
-        return None
+        return None, "not a verdict (%s)" % type(verdict).__name__
     passed = verdict.get("passed")
     if not (passed is True or str(passed).lower() == "true") or verdict.get("kind") != "ok":
-        return None
+        return None, "did not pass (passed %r, kind %r)" % (passed, verdict.get("kind"))
+    rule = verdict.get("rule")
+    if rule not in PEER_RULES:
+        return None, (
+            "judged by rule %r, not by its design's own rule (%s): a figure gated against a hand-set "
+            "threshold is not a peer of its design" % (rule, " or ".join(PEER_RULES))
+        )
+    key = verdict.get("design_key")
+    if not key or not verdict.get("host"):
+        return None, "no host or design key"
     try:
         gbps = float(verdict.get("judged_busbw_gbps"))
+    except (TypeError, ValueError):
+        gbps = None
+    if isinstance(verdict.get("judged_busbw_gbps"), bool) or not _finite_positive(gbps):
+        return None, "judged figure %r is not a finite positive GB/s" % (verdict.get("judged_busbw_gbps"),)
+    try:
         timestamp = float(verdict.get("timestamp"))
     except (TypeError, ValueError):
-        return None
-    key = verdict.get("design_key")
-    if not _finite_positive(gbps) or not math.isfinite(timestamp) or not key or not verdict.get("host"):
-        return None
+        timestamp = None
+    if (
+        isinstance(verdict.get("timestamp"), bool)
+        or timestamp is None
+        or not math.isfinite(timestamp)
+        or timestamp <= 0
+    ):
+        return None, "timestamp %r is not a finite time" % (verdict.get("timestamp"),)
+    now = time.time() if now is None else now
+    if timestamp > now + MAX_CLOCK_AHEAD_S:
+        timestamp = now  # the node's clock ran ahead: the controller's time instead
     return {
         "host": str(verdict["host"]),
         "gbps": round(gbps, 3),
         "timestamp": timestamp,
         "boot_id": verdict.get("boot_id"),
         "design_key": str(key),
-    }
+    }, None
+
+
+def healthy_sample(verdict, now=None):
+    """The store entry for one gate verdict, or None when it does not count (:func:`sample_or_reason`)."""
+    return sample_or_reason(verdict, now)[0]
 
 
 def median(values):
@@ -160,9 +200,11 @@ def validate(doc, key, path):
             not isinstance(s, dict)
             or not isinstance(s.get("host"), str)
             or not _finite_positive(s.get("gbps"))
+            or isinstance(s.get("timestamp"), bool)
             or not isinstance(s.get("timestamp"), (int, float))
+            or not math.isfinite(s["timestamp"])
         ):
-            raise BaselineCorrupt(path, "sample %d is not {host, gbps > 0, timestamp}" % n)
+            raise BaselineCorrupt(path, "sample %d is not {host, gbps > 0, finite timestamp}" % n)
     if doc.get("checksum") != checksum(samples):
         raise BaselineCorrupt(path, "its checksum does not match its samples (edited or damaged)")
     return samples
@@ -180,15 +222,32 @@ class Store:
         return os.path.join(self.directory, key + ".json")
 
     def _lock(self, exclusive):
+        """The store's lock: exclusive for a writer (which may create the lock file), shared for a
+        reader on a read-only descriptor; None for a reader that cannot open it at all (it reads
+        without it: every write is an atomic rename)."""
+        path = os.path.join(self.directory, LOCK_NAME)
         try:
-            fd = os.open(os.path.join(self.directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+            if exclusive:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            else:
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except FileNotFoundError:
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise BaselineError("cannot open the lock of the baseline store %s: %s" % (self.directory, exc)) from exc
+            if not exclusive:
+                return None
+            raise BaselineError(
+                "cannot open the lock of the baseline store %s for writing: %s (recording figures needs write "
+                "access to the directory and its .lock)" % (self.directory, exc)
+            ) from exc
         fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         return fd
 
     @staticmethod
     def _unlock(fd):
+        if fd is None:
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
@@ -244,24 +303,45 @@ class Store:
             self._unlock(fd)
         return designs, corrupt
 
-    def update(self, verdicts, window=DEFAULT_WINDOW, designs=None, dry_run=False):
+    def update(self, verdicts, window=DEFAULT_WINDOW, designs=None, dry_run=False, now=None):
         """Add the healthy ones of ``verdicts`` (gate verdicts: ``host``, ``design_key``,
         ``passed``, ``kind``, ``judged_busbw_gbps``, ``timestamp``, ``boot_id``).
 
-        Each node keeps its latest sample; a design keeps its ``window`` most recent nodes.
-        ``designs``: ``{key: descriptor}`` written beside the samples for the reader.
-        Returns ``{"updated": {key: [hosts]}, "corrupt": {key: message}, "ignored": n}``; a
-        corrupt design file is reported and left as it is.
+        Each node keeps its newest sample (a new verdict replaces its stored figure, whatever the
+        timestamps); a design keeps its ``window`` most recent nodes. ``designs``: ``{key:
+        descriptor}`` written beside the samples for the reader. ``now``: the controller's clock.
+        Returns ``{"updated": {key: [hosts]}, "corrupt": {key: message}, "ignored": n,
+        "dropped": [{host, design_key, gbps, reason}]}``: every verdict that does not count and
+        every figure the window pushes out is in ``dropped``. A corrupt design file is reported
+        and left as it is.
         """
+        now = time.time() if now is None else now
         entries = {}
-        ignored = 0
+        dropped = []
         for verdict in verdicts or []:
-            sample = healthy_sample(verdict)
+            sample, reason = sample_or_reason(verdict, now)
             if sample is None:
-                ignored += 1
+                v = verdict if isinstance(verdict, dict) else {}
+                dropped.append(
+                    {
+                        "host": v.get("host"),
+                        "design_key": v.get("design_key"),
+                        "gbps": v.get("judged_busbw_gbps"),
+                        "reason": reason,
+                    }
+                )
                 continue
-            entries.setdefault(sample.pop("design_key"), []).append(sample)
-        result = {"updated": {}, "corrupt": {}, "ignored": ignored}
+            key = sample.pop("design_key")
+            mine = entries.setdefault(key, {})
+            older = mine.get(sample["host"])
+            if older is not None:
+                if older["timestamp"] > sample["timestamp"]:
+                    older, sample = sample, older
+                dropped.append(dict(older, design_key=key, reason="a newer verdict of the same host in this update"))
+            mine[sample["host"]] = sample
+        entries = {key: list(hosts.values()) for key, hosts in entries.items()}
+        ignored = sum(1 for d in dropped if "timestamp" not in d)  # the verdicts that did not count
+        result = {"updated": {}, "corrupt": {}, "ignored": ignored, "dropped": dropped}
         if not entries:
             return result
         for key in entries:
@@ -282,11 +362,23 @@ class Store:
                 except BaselineCorrupt as exc:
                     result["corrupt"][key] = str(exc)
                     continue
-                merged = latest_per_host(current + new, window=window)
+                hosts = {s["host"] for s in new}
+                # stored figures from a clock that ran ahead (before timestamps were bounded)
+                kept = [
+                    dict(s, timestamp=now) if s["timestamp"] > now + MAX_CLOCK_AHEAD_S else s
+                    for s in current
+                    if s["host"] not in hosts
+                ]
+                candidates = latest_per_host(kept + new, window=len(kept) + len(new))
+                merged = candidates[: max(0, int(window))]
+                for s in candidates[len(merged) :]:
+                    dropped.append(
+                        dict(s, design_key=key, reason="outside the window of the %d most recent nodes" % window)
+                    )
                 merged.sort(key=lambda s: (s["timestamp"], s["host"]))
                 if merged == sorted(current, key=lambda s: (s["timestamp"], s["host"])):
                     continue
-                result["updated"][key] = sorted({s["host"] for s in new} & {s["host"] for s in merged})
+                result["updated"][key] = sorted(hosts & {s["host"] for s in merged})
                 if not dry_run:
                     self._write(key, merged, (designs or {}).get(key))
         finally:

@@ -18,7 +18,7 @@ from ansible_collections.gpufleet.node.plugins.module_utils.common import _http 
 from ansible_collections.gpufleet.node.plugins.module_utils.lb import _haproxy as hx
 from ansible_collections.gpufleet.node.plugins.module_utils.serving import _recycle as rc
 from ansible_collections.gpufleet.node.plugins.module_utils.serving import _vllm_metrics as vm
-from tests.support import MetricsServer
+from tests.support import FakeHTTP, MetricsServer
 from tests.unit.test_haproxy import fake_haproxy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,6 +95,83 @@ def test_textfile_parses_as_prometheus_and_carries_the_class():
     assert values[("gpufleet_worker_recycles_total", ())] == 3.0
     assert values[("gpufleet_worker_last_recycle_kind", (("kind", "fragmentation"),))] == 1.0
     assert values[("gpufleet_worker_rss_slope_bytes_per_second", ())] == pytest.approx(98 * MiB / 60, rel=0.05)
+
+
+# --- the drain wait: a failed scrape is no proof that nothing runs --------------------------------
+
+
+class FakeClock:
+    """time.monotonic and time.sleep for drain_wait: sleeping moves the clock."""
+
+    def __init__(self):
+        self.now = 100.0
+        self.sleeps = []
+
+    def clock(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def counts(*answers):
+    """running() answering each of ``answers`` in turn (an exception is raised), the last for good."""
+    answers = list(answers)
+
+    def running():
+        answer = answers.pop(0) if len(answers) > 1 else answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    return running
+
+
+def wait(running, timeout=10):
+    clock = FakeClock()
+    return rc.drain_wait(running, timeout, sleep=clock.sleep, clock=clock.clock), clock
+
+
+def test_drain_wait_ends_when_no_request_runs():
+    record, clock = wait(counts(3.0, 1.0, 0.0))
+    assert (record["drained"], record["running"], record["scrapes"], record["failed_scrapes"]) == (True, 0.0, 3, 0)
+    assert clock.sleeps == [1.0, 1.0] and record["reason"] == "no request running after 2.0 s"
+
+
+def test_drain_wait_a_failed_scrape_waits_to_the_timeout_and_is_reported():
+    record, clock = wait(counts(web.HttpError("http://127.0.0.1:8000/metrics", "connection refused")), timeout=10)
+    assert not record["drained"] and record["running"] is None
+    assert record["seconds"] == 10.0 and sum(clock.sleeps) == 10.0  # bounded by the drain timeout
+    assert record["failed_scrapes"] == record["scrapes"] == 11
+    assert "connection refused" in record["last_error"] and record["reason"].startswith(
+        "could not tell whether requests still run: 11 of 11 scrape(s) failed in 10.0 s (the drain timeout), last: "
+    )
+
+
+def test_drain_wait_failed_scrapes_then_a_count_of_zero_is_drained():
+    record, _clock = wait(counts(vm.MetricsError("not Prometheus text exposition"), RuntimeError("HTTP 503"), 0.0))
+    assert (record["drained"], record["scrapes"], record["failed_scrapes"]) == (True, 3, 2)
+    assert record["last_error"] == "RuntimeError: HTTP 503"
+
+
+def test_drain_wait_a_count_that_is_no_count_is_a_failed_scrape():
+    for bad in (float("nan"), -1.0):
+        record, _clock = wait(counts(bad), timeout=3)
+        assert not record["drained"] and record["running"] is None and record["failed_scrapes"] == 4, record
+
+
+def test_drain_wait_requests_still_running_at_the_timeout():
+    record, _clock = wait(counts(2.0, RuntimeError("HTTP 503")), timeout=5)
+    assert not record["drained"] and record["running"] == 2.0 and record["seconds"] == 5.0
+    assert record["reason"] == (
+        "2 request(s) still running after 5.0 s (the drain timeout); 5 scrape(s) failed, last: RuntimeError: HTTP 503"
+    )
+
+
+def test_drain_wait_without_time_scrapes_once():
+    record, clock = wait(counts(RuntimeError("HTTP 503")), timeout=0)
+    assert (record["scrapes"], record["drained"], clock.sleeps) == (1, False, [])
 
 
 # --- the agent, on a fake systemd and server ----------------------------------------------------
@@ -232,3 +309,49 @@ def test_textfile_write_does_not_follow_symlinks(agent_env, tmp_path):
     assert victim.read_text() == "root's file\n" and textfile.read_text() == "new\n" and not textfile.is_symlink()
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".") and p.name.endswith(".tmp")]
     assert leftovers == []
+
+
+# --- the agent's drain wait on a server whose /metrics fails: it waits, then restarts, and says so -
+
+
+def recycle_with_metrics(agent_env, tmp_path, capsys, metrics_url):
+    """The agent recycling a growing worker whose /metrics fails as ``metrics_url`` does; returns
+    the status file and the log."""
+    agent, config, calls, rss, clock = agent_env
+    config.update(balancer={"method": "none"}, metrics_url=metrics_url, drain_timeout=1)
+    codes = run_until_restart(agent, config, calls, rss, clock, 200)
+    assert codes[-1] == 0 and ("restart", "vllm.service") in calls
+    status = json.loads((tmp_path / "status.json").read_text())
+    drain = status["drain"]
+    # it looked for the whole drain timeout, more than once, and never read the failure as zero
+    assert not drain["drained"] and drain["running"] is None, drain
+    assert drain["seconds"] >= 1.0 and drain["failed_scrapes"] == drain["scrapes"] >= 2, drain
+    log = capsys.readouterr().out
+    assert "recycle: drain not confirmed: could not tell whether requests still run" in log, log
+    return drain, log
+
+
+def test_agent_drain_wait_when_metrics_does_not_answer(agent_env, tmp_path, capsys):
+    drain, _log = recycle_with_metrics(agent_env, tmp_path, capsys, "http://127.0.0.1:9/metrics")
+    assert drain["last_error"].startswith("HttpError")
+
+
+def test_agent_drain_wait_when_metrics_answers_an_error_status(agent_env, tmp_path, capsys):
+    with FakeHTTP({"/metrics": (503, "vllm:num_requests_running 0.0\n")}) as srv:
+        drain, _log = recycle_with_metrics(agent_env, tmp_path, capsys, srv.url + "/metrics")
+    assert "answered HTTP 503" in drain["last_error"]
+
+
+def test_agent_drain_wait_when_metrics_is_not_prometheus_text(agent_env, tmp_path, capsys):
+    with FakeHTTP({"/metrics": "<html>502 Bad Gateway</html>{"}) as srv:
+        drain, _log = recycle_with_metrics(agent_env, tmp_path, capsys, srv.url + "/metrics")
+    assert drain["last_error"].startswith("MetricsError")
+
+
+def test_agent_drain_wait_when_metrics_has_no_running_requests_gauge(agent_env, tmp_path, capsys):
+    with FakeHTTP({"/metrics": "process_resident_memory_bytes 1.0e9\n"}) as srv:
+        drain, _log = recycle_with_metrics(agent_env, tmp_path, capsys, srv.url + "/metrics")
+    assert (
+        "has no running-requests gauge (vllm:num_requests_running or llamacpp:requests_processing)"
+        in (drain["last_error"])
+    )

@@ -14,7 +14,9 @@ increase). Over a window of samples:
   with the advice to look at preemptions, the waiting queue and where the model landed;
 * neither: **steady**.
 
-Recycling: drain the node in the balancer, restart the server, wait for ``/health``, return it.
+Recycling: drain the node in the balancer, wait (bounded) until no request runs
+(:func:`drain_wait`: a ``/metrics`` scrape that fails is never read as "none running"), restart
+the server, wait for ``/health``, return it.
 By default the node's recycle agent asks the node's own HAProxy agent to report ``drain`` (then
 ``ready``) and the balancer follows it; or it reaches the balancer through HAProxy's runtime API
 with the collection's one client, ``_haproxy.RuntimeAPI`` (``tcp://HOST:PORT`` for a ``stats
@@ -23,6 +25,8 @@ itself), or through configured commands. Plain Python, no Ansible (the node's ag
 """
 
 from __future__ import annotations
+
+import time
 
 MiB = 1024 * 1024
 DEFAULTS = {
@@ -123,6 +127,62 @@ def judge(history, config=None):
             reason="RSS %s MiB/min, TTFT p95 flat" % ("n/a" if per_min is None else "%.1f" % per_min),
         )
     return verdict
+
+
+def drain_wait(running, timeout, interval=1.0, sleep=None, clock=None):
+    """Wait, at most ``timeout`` seconds, until no request runs on the drained server.
+
+    ``running()`` returns how many requests run, or raises when it cannot tell (the scrape failed,
+    answered no count). A failed scrape is never read as zero: the wait goes on, to the deadline
+    at most, and the failures are counted and the last one kept. ``sleep`` and ``clock`` default
+    to ``time.sleep`` and ``time.monotonic``.
+
+    Returns the record of the wait: ``drained`` (a scrape said none run), ``seconds``, ``running``
+    (the last count read, None when none was), ``scrapes``, ``failed_scrapes``, ``last_error``,
+    and ``reason`` (one line: why the wait ended).
+    """
+    sleep = sleep or time.sleep
+    clock = clock or time.monotonic
+    start = clock()
+    deadline = start + max(0.0, float(timeout))
+    record = {"drained": False, "running": None, "scrapes": 0, "failed_scrapes": 0, "last_error": None}
+    while True:
+        record["scrapes"] += 1
+        try:
+            count = float(running())
+        except Exception as exc:  # whatever the reason, the count is unknown: not zero
+            record["failed_scrapes"] += 1
+            record["last_error"] = "%s: %s" % (type(exc).__name__, exc)
+        else:
+            if count != count or count < 0:  # NaN or negative: no count either
+                record["failed_scrapes"] += 1
+                record["last_error"] = "ValueError: %r requests running" % count
+            else:
+                record["running"] = count
+                if count == 0:
+                    record["drained"] = True
+                    break
+        now = clock()
+        if now >= deadline:
+            break
+        sleep(min(float(interval), deadline - now))
+    record["seconds"] = round(clock() - start, 3)
+    if record["drained"]:
+        record["reason"] = "no request running after %.1f s" % record["seconds"]
+    elif record["running"] is None:
+        record["reason"] = (
+            "could not tell whether requests still run: %d of %d scrape(s) failed in %.1f s (the drain timeout), last: %s"
+            % (record["failed_scrapes"], record["scrapes"], record["seconds"], record["last_error"])
+        )
+    else:
+        record["reason"] = "%g request(s) still running after %.1f s (the drain timeout)%s" % (
+            record["running"],
+            record["seconds"],
+            "; %d scrape(s) failed, last: %s" % (record["failed_scrapes"], record["last_error"])
+            if record["failed_scrapes"]
+            else "",
+        )
+    return record
 
 
 CLASSES = ("steady", "memory_growth", "fragmentation", "preemption_or_placement", "insufficient_data")

@@ -6,7 +6,9 @@ Run by gpufleet-worker-recycle.timer (installed by the gpufleet.node.worker_recy
 reads the resident memory of the vLLM unit's processes and the TTFT p95 since the previous run,
 judges the window (gpufleet.node's _recycle.judge), logs the verdict, writes Prometheus textfile
 metrics and a status file, and - when RSS grows steadily and the action is `recycle` - drains the
-node in the balancer, restarts the server, waits for /health and returns the node. By default
+node in the balancer, waits (at most drain_timeout) until no request runs - a /metrics scrape that
+fails waits on and is reported in the log and the status file's `drain`, never read as "none
+running" - restarts the server, waits for /health and returns the node. By default
 (balancer method `agent`) it drains by asking the node's own HAProxy agent to report `drain` (a
 request file under /run) and returns it with `ready`: the node needs no access to the balancer.
 
@@ -107,6 +109,8 @@ class Agent:
         self.web = web
         self.files = files
         self.dry_run = dry_run
+        #: the record of the last drain wait (_recycle.drain_wait), reported in the status file
+        self.drain = None
 
     # --- the balancer ---------------------------------------------------------------------------
     def balancer(self, state):
@@ -147,12 +151,17 @@ class Agent:
         raise RuntimeError("unknown balancer method %r" % method)
 
     def running_requests(self):
-        try:
-            _status, text = fetch(self.web, self.cfg["metrics_url"], 5)
-            entry = self.vm.parse(text)["gauges"].get("num_requests_running")
-            return entry["value"] if entry else 0.0
-        except Exception:  # the server may be dying: nothing to wait for
-            return 0.0
+        """How many requests the server runs, from its /metrics; raises when that cannot be read
+        (no answer, not 200, not Prometheus text, no running-requests gauge): never 0 for a
+        failed scrape, which would restart a server that is still serving."""
+        status, text = fetch(self.web, self.cfg["metrics_url"], 5)
+        if status != 200:
+            raise RuntimeError("%s answered HTTP %s" % (self.cfg["metrics_url"], status))
+        entry = self.vm.parse(text)["gauges"].get("num_requests_running")
+        if not entry:
+            names = " or ".join(self.vm.GAUGES.get("num_requests_running", ("num_requests_running",)))
+            raise RuntimeError("%s has no running-requests gauge (%s)" % (self.cfg["metrics_url"], names))
+        return entry["value"]
 
     def wait_health(self, timeout):
         deadline = time.monotonic() + timeout
@@ -169,10 +178,18 @@ class Agent:
         """Drain, restart, wait for health, return. Raises (node left drained) on failure."""
         t0 = time.monotonic()
         self.balancer("drain")
-        deadline = time.monotonic() + float(self.cfg.get("drain_timeout", 60))
-        while time.monotonic() < deadline and self.running_requests() > 0:
-            time.sleep(1)
-        log("recycle: restarting %s" % self.cfg["unit"], drained_s=round(time.monotonic() - t0, 1))
+        # bounded by drain_timeout; a failed scrape waits on (it is no proof that nothing runs)
+        self.drain = self.rc.drain_wait(
+            self.running_requests, float(self.cfg.get("drain_timeout", 60)), sleep=time.sleep, clock=time.monotonic
+        )
+        if not self.drain["drained"]:
+            log("recycle: drain not confirmed: %s" % self.drain["reason"], metrics=self.cfg["metrics_url"])
+        log(
+            "recycle: restarting %s" % self.cfg["unit"],
+            drained=self.drain["drained"],
+            drained_s=round(time.monotonic() - t0, 1),
+            failed_scrapes=self.drain["failed_scrapes"],
+        )
         systemctl("restart", self.cfg["unit"])
         if not self.wait_health(float(self.cfg.get("health_timeout", 600))):
             raise RuntimeError(
@@ -228,6 +245,7 @@ class Agent:
         )
         code = 0
         if verdict["recycle"] and cfg.get("action", "recycle") == "recycle" and not self.dry_run:
+            self.drain = None
             try:
                 self.cycle()
                 state.update(
@@ -244,6 +262,8 @@ class Agent:
                 log("recycle: FAILED: %s" % exc)
                 verdict.update(recycled=False, error=str(exc))
                 code = 1
+            if self.drain is not None:
+                verdict["drain"] = self.drain
         self.finish(state, verdict)
         return code
 

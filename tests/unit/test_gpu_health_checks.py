@@ -380,6 +380,17 @@ def test_unknown_error_field_fails(line, field):
     assert "GPU %s: %s ([Unknown Error])" % (BUS, field) in result["reason"]
 
 
+def test_unrecognised_value_of_a_judged_field_fails():
+    """A row-remap state that is neither yes nor no reads as None: it is named, not passed."""
+    text = H100_TEXT.replace(
+        "        Pending                           : No\n        Remapping",
+        "        Pending                           : Maybe\n        Remapping",
+    )
+    (gpu,) = _nvsmi_q.parse_query(text)["gpus"]
+    assert gpu["unreadable"] == [{"field": "Remapped Rows > Pending", "error": "unrecognised value 'Maybe'"}]
+    assert readable([gpu])["status"] == "fail"
+
+
 def test_unknown_error_in_every_field_of_a_gpu_fails():
     header, block = H100_TEXT.split("GPU 00000000:53:00.0\n", 1)
     block = re.sub(r"(?m)^(\s+(?!Processes)[^:\n]+?\s*:\s).*$", r"\1[Unknown Error]", block)

@@ -30,6 +30,8 @@ and label, never by line position, because the labels move and change between dr
   names the field under ``unsupported``. ``Unknown Error`` / ``[Unknown Error]``, ``[GPU is lost]``
   and ``[Insufficient Permissions]`` read as None, and the record names the field and the error
   under ``unreadable``: the value exists but the driver could not read it, which is no pass.
+  So does a value of the ECC, retired-page, row-remap or persistence sections that is neither a
+  count nor a state (``Pending : Maybe``): it would read as None too.
 * Every GPU block ends with ``Processes`` (the last section nvidia-smi prints for a GPU, on every
   driver); a block without it is a report cut short. ``Attached GPUs`` counts the GPU blocks that
   follow; a report that prints another number of blocks is not a whole report.
@@ -81,6 +83,9 @@ JUDGED_SECTIONS = (
     "Clocks Event Reasons",
     "Clocks Throttle Reasons",
 )
+#: Sections whose every value is a count or a state (yes/no, enabled/disabled): a value that is
+#: neither reads as None, so it is named as unreadable rather than passed.
+COUNT_OR_STATE_SECTIONS = ("Persistence Mode", "ECC Mode", "Ecc Mode", "ECC Errors", "Retired Pages", "Remapped Rows")
 #: The section nvidia-smi prints last in every GPU block.
 LAST_SECTION = "Processes"
 _GPU_HEADER_RE = re.compile(r"^GPU\s+([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\s*$")
@@ -344,8 +349,9 @@ def field_problems(gpu):
     the driver could not read, ``[{'field', 'reason'}]`` for those the GPU model lacks."""
     unreadable, unsupported = [], []
     wanted = [label.lower() for label in JUDGED_SECTIONS]
+    counted = [label.lower() for label in COUNT_OR_STATE_SECTIONS]
 
-    def visit(node, trail):
+    def visit(node, trail, strict):
         trail = trail + [node.label]
         if node.value is not None:
             value = node.value.strip().lower()
@@ -353,12 +359,19 @@ def field_problems(gpu):
                 unreadable.append({"field": _path_of(trail), "error": node.value.strip()})
             elif value in _UNSUPPORTED:
                 unsupported.append({"field": _path_of(trail), "reason": "nvidia-smi -q: %s" % node.value.strip()})
+            elif (
+                strict
+                and reported(node.value) is not None
+                and to_int(node.value) is None
+                and to_bool(node.value) is None
+            ):
+                unreadable.append({"field": _path_of(trail), "error": "unrecognised value %r" % node.value.strip()})
         for child in node.children:
-            visit(child, trail)
+            visit(child, trail, strict)
 
     for child in gpu.children:
         if child.label.lower() in wanted:
-            visit(child, [])
+            visit(child, [], child.label.lower() in counted)
     return unreadable, unsupported
 
 

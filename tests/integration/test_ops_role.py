@@ -147,3 +147,74 @@ def test_preflight_refuses_bad_settings(ansible_env, tmp_path, override, message
     proc = play(ansible_env, variables(tmp_path, **override))
     assert proc.returncode == 2 and message in proc.stdout, proc.stdout
     assert not (tmp_path / "host").exists()
+
+
+# --- tasks_from cycle: the drain wait (tasks/drain_wait.yml), against a fake server's /metrics ------
+
+VLLM_METRICS = (
+    'vllm:num_requests_running{{engine="0"}} {running}\n'
+    'vllm:num_requests_waiting{{engine="0"}} 0.0\n'
+    'vllm:kv_cache_usage_perc{{engine="0"}} 0.1\n'
+)
+DRAIN_STEP = "Stop before the restart when the drain is not confirmed"
+
+
+def test_cycle_drain_wait_never_reads_a_failed_scrape_as_no_request_running(ansible_env, tmp_path):
+    """One run, one host per class of /metrics answer: only a count of zero lets the restart go on;
+    a scrape that fails waits on (every attempt of the drain timeout is made) and the host stops
+    before the restart, saying why."""
+    from tests.support import FakeHTTP
+
+    routes = {
+        "/idle/metrics": VLLM_METRICS.format(running="0.0"),
+        "/busy/metrics": VLLM_METRICS.format(running="3.0"),
+        "/error/metrics": (503, VLLM_METRICS.format(running="0.0")),
+        "/nogauge/metrics": "process_resident_memory_bytes 1.0e9\n",
+        "/garbage/metrics": "<html>502 Bad Gateway</html>{",
+    }
+    with FakeHTTP(routes) as srv:
+        hosts = {name.split("/")[1]: {"worker_recycle_metrics_url": srv.url + name} for name in routes}
+        hosts["refused"] = {"worker_recycle_metrics_url": "http://127.0.0.1:9/metrics"}
+        for host in hosts.values():
+            host.update(ansible_connection="local", ansible_python_interpreter=sys.executable)
+        inventory = tmp_path / "inventory.json"
+        inventory.write_text(json.dumps({"all": {"hosts": hosts}}))
+        playbook = tmp_path / "drain.yml"
+        playbook.write_text(
+            "- hosts: all\n  gather_facts: false\n  tasks:\n"
+            "    - ansible.builtin.include_role:\n        name: gpufleet.node.worker_recycle\n"
+            "        tasks_from: drain_wait\n"
+        )
+        run = run_playbook(
+            playbook,
+            "--forks",
+            "10",
+            inventory=inventory,
+            extra_vars={"worker_recycle_drain_timeout": 2},  # two attempts, 2 s apart
+            env=ansible_env,
+            json_callback=True,
+            timeout=300,
+        )
+        asked = {name.split("/")[1]: srv.requests.count(name) for name in routes}
+    results = {}
+    for play_ in run.json["plays"]:
+        for task in play_["tasks"]:
+            if task["task"]["name"].endswith(" : " + DRAIN_STEP):
+                results.update(task["hosts"])
+    assert set(results) == set(hosts), run.explain()
+    assert not results["idle"].get("failed") and asked["idle"] == 1, (results["idle"], asked)
+    why = {
+        "busy": "3.0 request(s) still running",
+        "error": "HTTP 503",
+        "nogauge": "the server does not export vllm:kv_cache_usage_perc, vllm:num_requests_running,",
+        "garbage": "not Prometheus text exposition",
+        "refused": "cannot scrape http://127.0.0.1:9/metrics",
+    }
+    for name, reason in why.items():
+        res = results[name]
+        assert res.get("failed"), (name, res)
+        assert res["msg"].startswith("vllm.service is not restarted: the drain was not confirmed within 2 s ("), res
+        assert reason in res["msg"] and "2 scrape(s)" in res["msg"] and "the node stays drained" in res["msg"], res[
+            "msg"
+        ]
+        assert name == "refused" or asked[name] == 2, (name, asked)  # it waited the whole drain timeout

@@ -23,10 +23,10 @@ description:
     C(--diff), has one diff per changed file or directory (RV(diff)); the task is changed when any
     file or directory is. A handler notified by the task therefore runs when any of its files changed.
   - A O(files[].secret) entry's contents never appear in the result or the diff (its diff says
-    only that it changed), nor in an error message. Set C(no_log) on the task too. The text of every file travels to the
-    node in O(rendered), which is C(no_log), so the node's journal holds none of it.
+    only that it changed), nor in an error message. Set C(no_log) on the task too. The text of
+    every file travels to the node in O(rendered), which is C(no_log), so the node's journal holds none of it.
   - Every entry is checked before anything is written (modes, owners and groups, destinations and
-    their parents): a task that fails there writes nothing, so a handler it notifies never misses a
+    their parents); a task that fails there writes nothing, so a handler it notifies never misses a
     change.
   - This is an action plugin; the module does the writes on the node.
 author:

@@ -26,6 +26,7 @@ itself), or through configured commands. Plain Python, no Ansible (the node's ag
 
 from __future__ import annotations
 
+import math
 import time
 
 MiB = 1024 * 1024
@@ -154,7 +155,7 @@ def drain_wait(running, timeout, interval=1.0, sleep=None, clock=None):
             record["failed_scrapes"] += 1
             record["last_error"] = "%s: %s" % (type(exc).__name__, exc)
         else:
-            if count != count or count < 0:  # NaN or negative: no count either
+            if math.isnan(count) or count < 0:  # NaN or negative: no count either
                 record["failed_scrapes"] += 1
                 record["last_error"] = "ValueError: %r requests running" % count
             else:
@@ -175,8 +176,8 @@ def drain_wait(running, timeout, interval=1.0, sleep=None, clock=None):
             % (record["failed_scrapes"], record["scrapes"], record["seconds"], record["last_error"])
         )
     else:
-        record["reason"] = "%g request(s) still running after %.1f s (the drain timeout)%s" % (
-            record["running"],
+        record["reason"] = "%s request(s) still running after %.1f s (the drain timeout)%s" % (
+            "%g" % float(record["running"]),
             record["seconds"],
             "; %d scrape(s) failed, last: %s" % (record["failed_scrapes"], record["last_error"])
             if record["failed_scrapes"]

@@ -43,19 +43,6 @@ import re
 
 from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _nvsmi
 
-_NOT_REPORTED = (
-    "n/a",
-    "[n/a]",
-    "not supported",
-    "[not supported]",
-    "unknown error",
-    "[unknown error]",
-    "gpu is lost",
-    "[gpu is lost]",
-    "insufficient permissions",
-    "[insufficient permissions]",
-    "",
-)
 #: Spellings of "the GPU model lacks this field" (a warning with the reason, never a failure).
 _UNSUPPORTED = ("not supported", "[not supported]")
 #: Spellings of "the driver could not read this value" (a failure).
@@ -67,6 +54,9 @@ _UNREADABLE = (
     "insufficient permissions",
     "[insufficient permissions]",
 )
+#: Every spelling of "no value": read as absent (None) by the record's fields.
+_NOT_REPORTED = ("n/a", "[n/a]", "") + _UNSUPPORTED + _UNREADABLE
+
 #: The top-level sections of a GPU block that the health record reads; a value in them that
 #: cannot be read makes the record name it (``unreadable``/``unsupported``).
 JUDGED_SECTIONS = (

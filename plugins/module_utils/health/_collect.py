@@ -159,11 +159,7 @@ def collect_nvml(nvml):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
             except nvml.NVMLError as exc:
-                raise HealthError(
-                    "gpu_lost",
-                    "NVML cannot get a handle for GPU %d (%s): the GPU has most "
-                    "likely fallen off the bus (Xid 79); reset the GPU or reboot" % (index, exc),
-                ) from exc
+                raise _gpu_lost("get a handle for GPU %d (%s)" % (index, exc)) from exc
             gpus.append(_nvml_gpu(nvml, index, handle))
         return {"driver_version": driver, "gpus": gpus}
     finally:
@@ -171,6 +167,14 @@ def collect_nvml(nvml):
             nvml.nvmlShutdown()
         except nvml.NVMLError:
             pass
+
+
+def _gpu_lost(what):
+    """The failure of an NVML call that identifies a GPU: without it the GPU cannot be judged."""
+    return HealthError(
+        "gpu_lost",
+        "NVML cannot %s: the GPU has most likely fallen off the bus (Xid 79); reset the GPU or reboot" % what,
+    )
 
 
 def _nvml_gpu(nvml, index, handle):
@@ -181,11 +185,7 @@ def _nvml_gpu(nvml, index, handle):
     try:
         pci = nvml.nvmlDeviceGetPciInfo(handle)
     except nvml.NVMLError as exc:
-        raise HealthError(
-            "gpu_lost",
-            "NVML cannot read the PCI address of GPU %d (nvmlDeviceGetPciInfo: %s): the GPU has most "
-            "likely fallen off the bus (Xid 79); reset the GPU or reboot" % (index, exc),
-        ) from exc
+        raise _gpu_lost("read the PCI address of GPU %d (nvmlDeviceGetPciInfo: %s)" % (index, exc)) from exc
     reader = _nvml.Reader(nvml)
     get = reader.get
     persistence = get("persistence_mode", "nvmlDeviceGetPersistenceMode", handle)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Benchmark: the collection's ACS audit against seed 000's one-setpci-per-device loop.
+"""Benchmark: the collection's ACS audit against the 4x L40S field report's one-setpci-per-device loop.
 
 Builds a lab machine of 256 PCI functions with lab.hwmodel: 8 root ports, each with a Gen5
 switch of 15 downstream ports holding 2 H100 GPUs, 1 ConnectX-7 and 12 NVMe drives (16 GPUs,
@@ -9,7 +9,7 @@ same tree:
 
 * the audit ``pcie_acs_info`` runs (``_topology.PciTopology.scan(...).audit()``), in this process and
   as a fresh Python process (interpreter start-up included);
-* seed 000's approach: list the devices with ``lspci``, then one ``setpci -v -s BDF
+* the 4x L40S field report's approach: list the devices with ``lspci``, then one ``setpci -v -s BDF
   ECAP_ACS+0x6.w`` process per device (read only; the seed's loop then writes).
 
 Usage: python3 benchmarks/bench_acs_audit.py [--repeat N] [--keep DIR]
@@ -102,7 +102,7 @@ def audit_fresh_process(sysfs):
 
 
 def seed_loop(sysfs):
-    """Seed 000's loop, read half: `lspci` to list, then one setpci per device."""
+    """The 4x L40S field report's loop, read half: `lspci` to list, then one setpci per device."""
     opt = ["-O", "sysfs.path=%s" % sysfs]
     listing = subprocess.run(["lspci", *opt, "-D", "-d", "*:*:*"], check=True, capture_output=True, text=True).stdout
     values = {}
@@ -163,7 +163,7 @@ def main():
             )
         )
         print("audit also computes %d GPU pairs and %d GPU-NIC pairs" % (s["gpu_pairs"], len(audit["gpu_nic_pairs"])))
-        print("%-58s %9.1f ms" % ("seed 000 loop (lspci + one setpci per device)", t_seed * 1000))
+        print("%-58s %9.1f ms" % ("the 4x L40S field report loop (lspci + one setpci per device)", t_seed * 1000))
         print("%-58s %9.1f ms" % ("pcie audit, in process (what pcie_acs_info runs)", t_audit * 1000))
         print("%-58s %9.1f ms" % ("pcie audit, fresh python process", t_fresh * 1000))
         print("%-58s %9.1f ms" % ("(python -c pass: interpreter start-up alone)", t_python * 1000))

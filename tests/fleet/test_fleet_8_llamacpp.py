@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""A heterogeneous node (profile ``a6000-4090-hetero``: an RTX A6000 and an RTX 4090, seed 001)
+"""A heterogeneous node (profile ``a6000-4090-hetero``: an RTX A6000 and an RTX 4090, the mixed A6000/4090 field report)
 served by the REAL llama.cpp ``llama-server`` behind the lab's HAProxy, after site.yml.
 
 ``gpufleet_serving_backend`` is left at ``auto``: the GPUs differ in size, so the node must be

@@ -49,13 +49,13 @@ def test_32k_session_is_10_gib_bf16_and_half_in_fp8():
 
 def test_where_the_seeds_are_off_about_the_32k_session():
     session = 327680 * 32768
-    # Seed 000 prints "10.48 GB" (and 5.24 GB in fp8): that is 320 KiB x 32,768 = 10,485,760 KiB
+    # The 4x L40S field report prints "10.48 GB" (and 5.24 GB in fp8): that is 320 KiB x 32,768 = 10,485,760 KiB
     # divided by 10^6, a KiB count read as decimal GB. Neither unit gives 10.48.
     assert round(session / 1e9, 2) == 10.74  # decimal GB
     assert round(session / GiB, 2) == 10.0  # GiB, what vLLM logs
     assert session / 1024 / 1e6 == pytest.approx(10.48576)
     assert round(session / 1e9, 2) != 10.48 and round(session / GiB, 2) != 10.48
-    # Seed 001 says "around 10.7 GB": right in decimal GB (10.74 GB, rounded down), but vLLM's
+    # The mixed A6000/4090 field report says "around 10.7 GB": right in decimal GB (10.74 GB, rounded down), but vLLM's
     # logs and --kv-cache-memory-bytes budgets are in GiB, where it is exactly 10.0.
     assert int(session / 1e8) / 10 == 10.7
 
@@ -145,7 +145,7 @@ def test_profile_lookup_by_hf_id():
     assert kv.resolve_model("meta-llama/Llama-3.3-70B-Instruct")[0] == "Llama-3.3-70B-Instruct"
 
 
-# --- seed 002: Llama 3.1 70B FP16 on 2x A100 80GB ---------------------------------------------
+# --- the 2x A100 field report: Llama 3.1 70B FP16 on 2x A100 80GB ---------------------------------
 
 
 def test_seed002_70b_on_two_a100_cannot_start_at_0_8():
@@ -197,7 +197,7 @@ def test_seed002_at_0_9_only_a_few_gib_of_kv_a_handful_of_8k_requests():
     assert round((2 * 72 * GiB - p["per_node"]["weight_bytes"]) / GiB, 1) == 12.6
 
 
-# --- seed 001: 70B BF16, TP 4, on 48 GB cards --------------------------------------------------
+# --- the mixed A6000/4090 field report: 70B BF16, TP 4, on 48 GB cards ----------------------------
 
 
 @pytest.mark.parametrize("gpu_mib,low,high", [(RTX_A6000, 3, 4), (L40S, 2, 3)])

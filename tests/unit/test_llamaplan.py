@@ -1,6 +1,7 @@
 # -*- coding: utf-8 -*-
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""llama.cpp layer-offload planner: seed 001's 48 GB card, GGUF headers of real models, splits.
+"""llama.cpp layer-offload planner: the 48 GB card of the mixed A6000/4090 field report, GGUF headers of
+real models, splits.
 
 GGUF headers are written here with the ``gguf`` package for real public model shapes (each
 model's config.json on the Hugging Face hub, quantized with llama.cpp's Q4_K_M mix of
@@ -146,7 +147,7 @@ def test_profile_plan_equals_the_gguf_header_plan(llama70b_gguf):
     assert from_file["per_gpu_bytes"] == from_profile["per_gpu_bytes"]
 
 
-# --- seed 001: 70B at 4 bits on one 48 GB card, 4 slots of 4k tokens ------------------------------
+# --- the mixed A6000/4090 field report: 70B at 4 bits on one 48 GB card, 4 slots of 4k tokens -----
 
 
 def test_seed001_all_80_layers_refused_with_the_numbers(llama70b_gguf):

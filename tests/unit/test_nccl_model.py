@@ -51,7 +51,7 @@ EXPECTED = {
     "vfio-passthrough": (24.58, "PHB", 3),  # GPU 3 on vfio-pci is invisible to CUDA/NVML
     "epyc-rootport-acs": (24.58, "PHB", 2),  # two root ports of one host bridge
     "h100-sxm-8x": (450.0, "NV18", 8),  # 18 links x 25 GB/s x 1.0 through NVSwitches (NVLS)
-    "a6000-4090-hetero": (24.58, "PHB", 2),  # two root ports of one host bridge (seed 001)
+    "a6000-4090-hetero": (24.58, "PHB", 2),  # two root ports of one host bridge (the mixed A6000/4090 field report)
 }
 
 
@@ -70,7 +70,7 @@ def test_auto_threshold_on_every_profile(lab_node, any_profile):
 
 
 def test_l40s_physics_floor_under_seed_000s_22_gbps(lab_node):
-    # The physics floor (x0.85) sits under seed 000's 22 GB/s and over every fault the model
+    # The physics floor (x0.85) sits under the 4x L40S field report's 22 GB/s and over every fault the model
     # knows (ACS redirect ~x0.5, x8 x0.5, host memory x0.72); the peers judge closer.
     model = _threshold.expected_busbw(topology_facts(lab_node("l40s-4x-switch")))
     assert round(model["expected_gbps"] * 0.85, 2) == 20.89

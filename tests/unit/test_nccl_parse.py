@@ -245,7 +245,7 @@ VERDICTS = {
     "dgx-h100-2node-wrong": ("wrong", 0.79, 1.0),
     "gh200-2node-v2.17-good": ("ok", 107.69, 100.0),
     "gh200-2node-v2.17-noofi": ("low_bandwidth", 5.41, 100.0),
-    "4090-6x-pcie-p2p-1size": ("ok", 24.50, 22.12),  # seed 000's bar for PCIe Gen4
+    "4090-6x-pcie-p2p-1size": ("ok", 24.50, 22.12),  # the 4x L40S field report's bar for PCIe Gen4
 }
 
 

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""_recycle: telling fragmentation from preemption/placement (seed 001), the textfile metrics; and
-the node agent run against a fake unit, server and balancer (it drives the balancer with the
+"""_recycle: telling fragmentation from preemption/placement (the mixed A6000/4090 field
+report), the textfile metrics; and the node agent run against a fake unit, server and balancer (it drives the balancer with the
 collection's one runtime-API client, _haproxy, tested in test_haproxy.py)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The NCCL gate judged against its peers (issue 19) on a lab fleet of thirteen booted nodes: eight
+"""The NCCL gate judged against its peers on a lab fleet of thirteen booted nodes: eight
 8x H100 SXM, one of them with one NVLink link down (`lab fault node8 nvlink-down --gpu 3`: at once,
 no reboot), and five 4x L40S on two Gen4 switches, one of them slow (the stand-in's `slow` fault,
 x0.93, through the gate's environment). Three peers make a baseline here (five in production): a

@@ -234,7 +234,7 @@ def test_agent_port_moves_at_runtime_and_an_agent_is_added_by_replacing(balancer
     assert _op_state(balancer, "running") == "running"
 
 
-# --- issue 12: values that would become commands or config lines are refused first ---------------
+# --- values that would become commands or config lines are refused first --------------------------
 
 
 def _untouched(lb, text_before):
@@ -305,7 +305,7 @@ def test_invalid_config_is_not_installed(balancer, run_module):
     assert oct(balancer.cfg.stat().st_mode & 0o777) == "0o640"
 
 
-# --- issue 12: registration is HAProxy's own view --------------------------------------------------
+# --- registration is HAProxy's own view -----------------------------------------------------------
 
 
 def test_unreachable_server_is_not_registered(balancer, run_module):

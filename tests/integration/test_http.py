@@ -2,7 +2,7 @@
 """module_utils/common/_http.py, the one bounded HTTP client, against real local servers that misbehave
 (one that drips its answer, one whose answer is too large), and the modules that read HTTP
 through it (vllm_metrics_info, vllm_load_test, node_readiness_info): http/https only, one
-overall deadline, a size limit (issue 12: a deadline on every wait, a limit on every read)."""
+overall deadline, a size limit (a deadline on every wait, a limit on every read)."""
 
 from __future__ import annotations
 

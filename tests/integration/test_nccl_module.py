@@ -389,7 +389,7 @@ def test_cuda_visible_devices_pick_the_gpus_the_model_judges(lab_node):
     assert res["passed"] is True and res["judged_busbw_gbps"] > 22.69  # a PIX pair: the switch alone
 
 
-# --- numbers nobody measured (issue 12) ----------------------------------------------------------
+# --- numbers nobody measured ----------------------------------------------------------------------
 
 
 def _cell(text, size, column, value):

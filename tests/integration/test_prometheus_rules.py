@@ -119,7 +119,7 @@ def test_thresholds_are_the_modules_defaults():
 def test_for_durations_are_the_roles_defaults():
     defaults = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["__monitoring_alert_for_defaults"]
     assert {name: rule["for"] for name, rule in alerts().items()} == defaults
-    # issue 17: KV usage and the waiting queue for 5 minutes
+    # KV usage and the waiting queue for 5 minutes
     assert defaults["GpufleetVllmKvCacheHigh"] == defaults["GpufleetVllmWaitingQueueHigh"] == "5m"
 
 

@@ -152,7 +152,7 @@ def test_default_reserves_are_stated():
     ],
 )
 def test_bad_numbers_fail_naming_the_option(args, option):
-    """Refused, not replaced by a default (issue 12): no plan, no `fits`."""
+    """Refused, not replaced by a default: no plan, no `fits`."""
     res = run_module(dict({"model": "Llama-3.1-8B-Instruct", "gpu_memory_mib": 46068, "max_model_len": 8192}, **args))
     assert res.get("failed") and option in res["msg"], res
     assert "fits" not in res

@@ -296,7 +296,7 @@ def test_module_names_the_missing_library(tmp_path):
     assert res["failed"] and "prometheus-client" in res["msg"], res
 
 
-# --- numbers nobody measured (issue 12) ----------------------------------------------------------
+# --- numbers nobody measured ----------------------------------------------------------------------
 
 QUIET = """\
 # TYPE vllm:num_requests_running gauge

@@ -346,7 +346,7 @@ REFUSED = {  # host: (its variables, what the failure must say)
 
 
 def test_bad_numbers_secrets_and_injections_are_refused_before_anything_is_written(ansible_env, tmp_path):
-    """Issue 12, one host per case in one run (with --diff): each fails naming the input and what
+    """One host per case in one run (with --diff): each fails naming the input and what
     to do, no file is written, and no secret or injected line appears in the output."""
     hosts = {}
     for name, (extra, _) in REFUSED.items():

@@ -348,7 +348,7 @@ def test_config_json_for_a_model_without_profile_keeps_its_name():
     assert name == "Llama-3.1-8B-Instruct" and arch["num_parameters"] == 8 * 10**9 and arch["num_hidden_layers"] == 32
 
 
-# --- bad numbers are refused, not replaced (issue 12) ------------------------------------------
+# --- bad numbers are refused, not replaced --------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 # -*- coding: utf-8 -*-
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The one check of values written into env files and systemd unit lines (issue 12): the rules,
+"""The one check of values written into env files and systemd unit lines: the rules,
 the filters every template applies, the runtime env derivation using the same function, and a
 scan proving that no role template writes an env-file or unit value without it."""
 

@@ -366,7 +366,7 @@ def test_build_argv():
     assert _command.build_argv("x", 8, 16, 2, 2, 1, 0, False)[-2:] == ["-c", "0"]
 
 
-# --- numbers nobody measured (issue 12: a gate never passes on numbers it did not measure) --------
+# --- numbers nobody measured (a gate never passes on numbers it did not measure) ------------------
 
 
 def with_cell(name, size, column, value, text=None):

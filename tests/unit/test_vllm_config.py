@@ -123,7 +123,7 @@ def test_the_plan_is_computed_once_with_the_config():
     assert _vllm.serve_config("Llama-3.1-8B-Instruct", "L40S", 3)["plan"]["per_node"]["gpus"] == 3
 
 
-# --- settings that are refused before anything is written (issue 12) ---------------------------
+# --- settings that are refused before anything is written -----------------------------------------
 
 
 @pytest.mark.parametrize(

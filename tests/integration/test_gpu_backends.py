@@ -21,7 +21,7 @@ from lab.standins import nvidia_smi as smi
 from tests.support import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
-STUB = REPO / "lab" / "stubs" / "pynvml.py"
+STUB = REPO / "lab" / "standins" / "nvml" / "pynvml.py"
 NVSMI = str(REPO / "lab" / "bin" / "nvidia-smi")
 
 

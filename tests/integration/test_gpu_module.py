@@ -30,7 +30,7 @@ class Exited(Exception):
 @pytest.fixture(scope="module")
 def stub():
     name = "gpufleet_lab_pynvml_module"
-    spec = importlib.util.spec_from_file_location(name, REPO / "lab" / "stubs" / "pynvml.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "lab" / "standins" / "nvml" / "pynvml.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)

@@ -21,7 +21,7 @@ def play(node, env, out, expect=None, fault=None):
     env = dict(env)
     env["GPUFLEET_LAB_ROOT"] = str(node.root)
     env["PATH"] = "%s:%s" % (REPO / "lab" / "bin", env["PATH"])
-    env["PYTHONPATH"] = str(REPO / "lab" / "stubs")  # `import pynvml` -> the NVML stand-in
+    env["PYTHONPATH"] = str(REPO / "lab" / "standins" / "nvml")  # `import pynvml` -> the NVML stand-in
     env.pop("GPUFLEET_LAB_GPU_FAULT", None)
     if fault:
         env["GPUFLEET_LAB_GPU_FAULT"] = fault

@@ -84,7 +84,7 @@ def busbw(node):
 
 @pytest.fixture
 def nvml(monkeypatch):
-    spec = importlib.util.spec_from_file_location("gpufleet_lab_pynvml_faults", REPO / "lab" / "stubs" / "pynvml.py")
+    spec = importlib.util.spec_from_file_location("gpufleet_lab_pynvml_faults", REPO / "lab" / "standins" / "nvml" / "pynvml.py")
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)
     spec.loader.exec_module(module)
@@ -356,7 +356,7 @@ def test_standins_do_not_import_the_collection():
     for path in [
         REPO / "lab/hwmodel/health.py",
         REPO / "lab/standins/nvidia_smi.py",
-        REPO / "lab/stubs/pynvml.py",
+        REPO / "lab/standins/nvml/pynvml.py",
         REPO / "lab/standins/fabricmanager.py",
     ]:
         assert "module_utils" not in re.sub(r'""".*?"""', "", path.read_text(), flags=re.S).replace("# ", ""), path
@@ -408,7 +408,7 @@ HEALTH_CONSTANTS = [
 
 def test_stub_health_names_match_nvidia_ml_py(nvml, monkeypatch):
     """The health calls and constants have nvidia-ml-py's names and values."""
-    stub_dir = str(REPO / "lab" / "stubs")
+    stub_dir = str(REPO / "lab" / "standins" / "nvml")
     saved = list(sys.path)
     sys.path[:] = [p for p in sys.path if Path(p).resolve() != Path(stub_dir).resolve()]
     try:

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The lab's stand-ins (lab/stubs/pynvml.py, the nvidia-smi stand-in) give a healthy node's health
+"""The lab's stand-ins (lab/standins/nvml/pynvml.py, the nvidia-smi stand-in) give a healthy node's health
 facts whole: every fact read, every NVLink read, on both backends of health/_collect."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ OPTIONS = {"fabric_manager_state": "active"}
 
 def load_stub():
     name = "gpufleet_lab_pynvml"
-    spec = importlib.util.spec_from_file_location(name, REPO / "lab" / "stubs" / "pynvml.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "lab" / "standins" / "nvml" / "pynvml.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)

@@ -218,9 +218,9 @@ def test_peermem_loaded(tmp_path):
 
 
 def _stub_pynvml():
-    """The repository's pynvml stand-in (lab/stubs/pynvml.py), for its NVMLError classes and codes
+    """The repository's pynvml stand-in (lab/standins/nvml/pynvml.py), for its NVMLError classes and codes
     (built as nvidia-ml-py builds them), loaded under another name so the real binding stays."""
-    spec = importlib.util.spec_from_file_location("gpufleet_lab_pynvml", REPO / "lab" / "stubs" / "pynvml.py")
+    spec = importlib.util.spec_from_file_location("gpufleet_lab_pynvml", REPO / "lab" / "standins" / "nvml" / "pynvml.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its error classes are built from sys.modules[__name__]
     spec.loader.exec_module(module)

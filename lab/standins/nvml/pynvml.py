@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """A stand-in for NVIDIA's `pynvml` (PyPI nvidia-ml-py) for tests and the lab ONLY.
 
-Put `lab/stubs` first on sys.path / PYTHONPATH and `import pynvml` answers from the lab machine
+Put `lab/standins/nvml` first on sys.path / PYTHONPATH and `import pynvml` answers from the lab machine
 under $GPUFLEET_LAB_ROOT (the same model, and the same CURRENT sysfs registers, as the
 nvidia-smi stand-in), so the NVML and nvidia-smi backends of gpu_topology_facts can be compared
 on one machine.  Production hosts use the real nvidia-ml-py.
@@ -38,7 +38,7 @@ import os
 import string
 import sys
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 if _REPO not in sys.path:
     sys.path.append(_REPO)
 

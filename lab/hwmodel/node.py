@@ -83,6 +83,8 @@ class Gpu(Device):
         self.serial = rec["serial"]
         self.memory_total_mib = rec["memory_total_mib"]
         self.nvlinks = rec["nvlinks"]
+        self.nvlink_gbps = rec["nvlink_gbps"]  # per link; None without NVLink
+        self.compute_capability = rec["compute_capability"]  # "8.9"
         self.cpu_affinity = rec["cpu_affinity"]
 
 

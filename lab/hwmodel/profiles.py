@@ -33,6 +33,10 @@ AMD_RP_ACS_CAP = SRC_VALID | TRANS_BLK | REQ_REDIR | CMPLT_REDIR | UPSTREAM_FWD 
 #: The driver the lab's machines run (nvidia-smi, NVML and the kernel log say so).
 DRIVER_VERSION = "570.133.20"
 
+#: Per GPU model: what it is on the bus (name, device id, class, PCIe generation and width), its
+#: memory, its NVLinks and the rate of each (GB/s, as `nvidia-smi nvlink -s` prints it; None
+#: without NVLink), and its CUDA compute capability (NVIDIA's "CUDA GPUs" table), which
+#: nvidia-smi (`--query-gpu=compute_cap`), NVML and all_reduce_perf read from the node.
 GPU_MODELS = {
     "L40S": {
         "name": "NVIDIA L40S",
@@ -42,6 +46,8 @@ GPU_MODELS = {
         "gen_max": 4,
         "width_max": 16,
         "nvlinks": 0,
+        "nvlink_gbps": None,
+        "compute_capability": "8.9",
     },
     "H100-SXM": {
         "name": "NVIDIA H100 80GB HBM3",
@@ -51,6 +57,8 @@ GPU_MODELS = {
         "gen_max": 5,
         "width_max": 16,
         "nvlinks": 18,
+        "nvlink_gbps": 26.562,
+        "compute_capability": "9.0",
     },
     "A100-PCIE": {
         "name": "NVIDIA A100 80GB PCIe",
@@ -60,6 +68,8 @@ GPU_MODELS = {
         "gen_max": 4,
         "width_max": 16,
         "nvlinks": 0,
+        "nvlink_gbps": None,
+        "compute_capability": "8.0",
     },
     # Seed 001's mixed cards (workstation/consumer boards: VGA class 0x0300).
     "RTX-A6000": {
@@ -70,6 +80,8 @@ GPU_MODELS = {
         "gen_max": 4,
         "width_max": 16,
         "nvlinks": 0,
+        "nvlink_gbps": None,
+        "compute_capability": "8.6",
     },
     "RTX-4090": {
         "name": "NVIDIA GeForce RTX 4090",
@@ -79,6 +91,8 @@ GPU_MODELS = {
         "gen_max": 4,
         "width_max": 16,
         "nvlinks": 0,
+        "nvlink_gbps": None,
+        "compute_capability": "8.9",
     },
 }
 

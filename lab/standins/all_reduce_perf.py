@@ -5,9 +5,9 @@ follows the hardware model and the CURRENT registers of the machine's sysfs tree
 The machine is the one `lab.hwmodel.build()` laid out under $GPUFLEET_LAB_ROOT.  Bus bandwidth
 comes from the best ring through the GPUs, each hop valued from what the node is NOW:
 
-* NVLink (`NV#` between the two GPUs): about 26 GB/s per link that is up right now (8x H100
-  NV18: ~470 GB/s at the largest sizes; one link down, `lab fault NODE nvlink-down`, costs 1/18),
-  whatever the PCIe bridges do;
+* NVLink (`NV#` between the two GPUs): 0.979 of the model's rate per link that is up right now
+  (26.0 of the H100's 26.562 GB/s; 8x H100 NV18: ~470 GB/s at the largest sizes; one link down,
+  `lab fault NODE nvlink-down`, costs 1/18), whatever the PCIe bridges do;
 * PCIe: the practical x16 peak of the generation the two links trained to (Gen3 ~12, Gen4 ~24,
   Gen5 ~47.5 GB/s) scaled by the trained width (a GPU at x8 halves its hops) and by the path
   class (PIX 1.0 ... SYS 0.52); if any bridge on the path has ACS ReqRedir, CmpltRedir or
@@ -63,7 +63,9 @@ PATH_FACTOR = {"PIX": 1.0, "PXB": 0.98, "PHB": 0.96, "NODE": 0.74, "SYS": 0.52}
 P2P_LEVELS = ["LOC", "PIX", "PXB", "PHB", "NODE", "SYS"]
 REDIRECT_FACTOR = 0.48
 HOST_MEMORY_FACTOR = 0.72
-NVLINK_PER_LINK = 26.0
+#: The share of an NVLink's rate (the model's `nvlink_gbps`) an all-reduce's bus bandwidth reaches:
+#: 26.0 GB/s per link of an H100's 26.562.
+NVLINK_EFFICIENCY = 0.979
 RAMP_BYTES_PER_GBPS = 25_000
 NODE_SPREAD, NODE_SPREAD_MAX = 0.005, 0.015
 RUN_NOISE = 0.004
@@ -182,7 +184,8 @@ class Machine:
         if kind.startswith("NV"):
             # Only the links up right now carry traffic (a link down costs its share: 1/18 on H100).
             links = min(int(kind[2:]), self.node.nvlinks_active(i), self.node.nvlinks_active(j))
-            return links * NVLINK_PER_LINK, "P2P/CUMEM/NVLink"
+            rate = min(self.node.gpus[i].nvlink_gbps, self.node.gpus[j].nvlink_gbps)
+            return links * rate * NVLINK_EFFICIENCY, "P2P/CUMEM/NVLink"
         gi, gj = self.node.gpus[i], self.node.gpus[j]
         gen = min(gi.gen_current, gj.gen_current)
         width = min(gi.width_current, gj.width_current)

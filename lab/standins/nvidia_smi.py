@@ -33,7 +33,6 @@ FAULT_ENV = "GPUFLEET_LAB_GPU_FAULT"
 ANSI_ENV = "GPUFLEET_LAB_NVSMI_ANSI"
 DEFAULT_DRIVER = DRIVER_VERSION
 DEFAULT_CUDA = "12.8"
-NVLINK_GBPS = "26.562"
 
 LEGEND = """Legend:
 
@@ -65,8 +64,6 @@ DRIVER_NOT_LOADED = (
 LIBRARY_MISMATCH = "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 570.133\n"
 NO_DEVICES = "No devices were found\n"
 INVALID_ARGS = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
-
-COMPUTE_CAP = {"NVIDIA L40S": "8.9", "NVIDIA H100 80GB HBM3": "9.0", "NVIDIA A100 80GB PCIe": "8.0"}
 
 
 class Exit(Exception):
@@ -214,7 +211,7 @@ def _query_value(node, index, gpu, field):
         "pcie.link.gen.hostmax": (str(gpu.gen_max), None),
         "pcie.link.width.current": (str(gpu.width_current), None),
         "pcie.link.width.max": (str(gpu.width_max), None),
-        "compute_cap": (COMPUTE_CAP.get(gpu.name, "8.0"), None),
+        "compute_cap": (gpu.compute_capability, None),
         "utilization.gpu": ("0", "%"),
         "utilization.memory": ("0", "%"),
         "temperature.gpu": ("31", None),
@@ -289,7 +286,7 @@ def nvlink_status(node, ids):
         out.append("GPU %d: %s (UUID: %s)" % (i, gpu.name, gpu.uuid))
         down = node.gpu_health(gpu.index, state)["nvlinks_down"]
         out.extend(
-            "\t Link %d: %s" % (link, "<inactive>" if link in down else NVLINK_GBPS + " GB/s")
+            "\t Link %d: %s" % (link, "<inactive>" if link in down else "%.3f GB/s" % gpu.nvlink_gbps)
             for link in range(gpu.nvlinks)
         )
     return "\n".join(out) + "\n"

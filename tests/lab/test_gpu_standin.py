@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,33 @@ def test_list_and_nvlink(lab_node, monkeypatch):
     _code, out, _err = smi.run(["nvlink", "-s"], node)
     assert _nvsmi.parse_nvlink_status(out) == dict.fromkeys(range(8), 18)
     assert out.splitlines()[1] == "\t Link 0: 26.562 GB/s"
+
+
+@pytest.mark.parametrize("profile", ["h100-sxm-8x", "a6000-4090-hetero"])
+def test_gpu_facts_come_from_the_model_profile(lab_node, monkeypatch, profile):
+    """Compute capability (nvidia-smi and NVML) and NVLink rate (nvidia-smi) are the GPU model's."""
+    import importlib.util
+
+    import lab.hwmodel as hw
+
+    monkeypatch.delenv(smi.FAULT_ENV, raising=False)
+    node = lab_node(profile)
+    models = {m["name"]: m for m in hw.profiles.GPU_MODELS.values()}
+    _code, out, _err = smi.run(["--query-gpu=name,compute_cap", "--format=csv,noheader"], node)
+    assert out.splitlines() == [f"{g.name}, {models[g.name]['compute_capability']}" for g in node.gpus]
+    _code, out, _err = smi.run(["nvlink", "-s"], node)
+    rates = {line.split(": ")[1] for line in out.splitlines() if "Link" in line}
+    assert rates == ({f"{models[node.gpus[0].name]['nvlink_gbps']:.3f} GB/s"} if node.gpus[0].nvlinks else set())
+    spec = importlib.util.spec_from_file_location(
+        "gpufleet_lab_pynvml_facts", REPO / "lab" / "standins" / "nvml" / "pynvml.py"
+    )
+    nvml = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, nvml)  # its error classes register by module name
+    spec.loader.exec_module(nvml)
+    monkeypatch.setenv("GPUFLEET_LAB_ROOT", str(node.root))
+    nvml.nvmlInit()
+    caps = [nvml.nvmlDeviceGetCudaComputeCapability(nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(len(node.gpus))]
+    assert caps == [tuple(int(x) for x in models[g.name]["compute_capability"].split(".")) for g in node.gpus]
 
 
 def test_vfio_gpu_is_not_listed(lab_node, monkeypatch):

@@ -399,7 +399,7 @@ nvmlDeviceGetMaxPcieLinkWidth = _gpu_attribute("width_max")
 
 
 def nvmlDeviceGetCudaComputeCapability(handle):
-    major, minor = _smi.COMPUTE_CAP.get(_gpu(handle).name, "8.0").split(".")
+    major, minor = _gpu(handle).compute_capability.split(".")
     return int(major), int(minor)
 
 

@@ -12,8 +12,8 @@ short_description: Drive a vLLM server (or the balancer) with streaming requests
 version_added: 0.1.0
 description:
   - Sends streaming C(/v1/completions) requests from O(concurrency) clients, back to back, cycling
-    through O(prompt_lengths) (seed 004 - 128, 512 and 2048 tokens), for O(duration) seconds; requests
-    in flight then finish.
+    through O(prompt_lengths) (by default 128, 512 and 2048 tokens), for O(duration) seconds;
+    requests in flight then finish.
   - Reports, measured on the client, TTFT p50/p95/p99, inter-token latency, output tokens per
     second, requests per second and errors, per prompt length too; and, scraped from the server's
     C(/metrics) during the run, its KV-cache usage, waiting and running queues and preemptions. The

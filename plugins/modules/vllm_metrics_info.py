@@ -25,9 +25,9 @@ description:
     when requests completed during it, else everything since the server started.
   - A scrape whose figures are not finite (NaN or infinite gauges, counters or histogram samples)
     fails the module - a server cannot be judged healthy on numbers it did not measure.
-  - Judges the window against thresholds (seed 000 - KV usage under 0.88 at peak, a waiting queue
-    not above 8 for long, preemptions not climbing) and fails when one is crossed, naming it with
-    what to change, unless O(report_only=true).
+  - Judges the window against thresholds (a published field report's operational checklist - KV
+    usage under 0.88 at peak, a waiting queue not above 8 for long, preemptions not climbing) and
+    fails when one is crossed, naming it with what to change, unless O(report_only=true).
 author:
   - gpufleet.node developers (@gpufleet)
 requirements:
@@ -100,8 +100,8 @@ attributes:
     platforms: posix
     description: Runs on any host that reaches the URL (the node itself, or the controller).
 notes:
-  - The thresholds are seed 000's operational checklist; seed 001's advice (pin concurrency, keep
-    host swap off) is in the violation messages.
+  - The thresholds are a published field report's operational checklist; a second field report's advice
+    (pin concurrency, keep host swap off) is in the violation messages.
 seealso:
   - module: gpufleet.node.vllm_load_test
 """

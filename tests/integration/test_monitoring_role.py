@@ -8,11 +8,15 @@ idempotence; the preflight's refusal."""
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -219,3 +223,76 @@ def test_refuses_a_node_with_another_key(ansible_env, setup):
     assert "these nodes' key differs: node-3." in proc.stdout, proc.explain()
     assert "another-key" not in proc.stdout
     assert not out.exists()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _prometheus_config(url):
+    with urllib.request.urlopen(url + "/api/v1/status/config", timeout=10) as resp:
+        return yaml.safe_load(json.load(resp)["data"]["yaml"])
+
+
+def test_a_prometheus_systemd_does_not_run_is_reloaded_through_its_endpoint(ansible_env, setup):
+    """monitoring_prometheus_reload_url: a real Prometheus (--web.enable-lifecycle) started on a
+    configuration of its own loads the role's after the run, the role's POST being the only reload;
+    the second run changes nothing and so reloads nothing."""
+    tmp_path, out, extra = setup
+    out.mkdir(parents=True)
+    (out / "prometheus.yml").write_text("global: {scrape_interval: 1m}\n")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(tmp_path / "prometheus.log", "w")
+    server = subprocess.Popen(
+        [
+            shutil.which("prometheus") or "/usr/bin/prometheus",
+            f"--config.file={out / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.enable-lifecycle",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                _prometheus_config(url)
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()
+                time.sleep(0.2)
+        assert not _prometheus_config(url).get("scrape_configs")
+        reload = {"monitoring_prometheus_reload": True, "monitoring_prometheus_reload_url": url + "/-/reload"}
+        proc = play(ansible_env, tmp_path, extra, reload)
+        assert proc.returncode == 0, proc.explain()
+        assert proc.host("prom")["changed"] == 4, proc.explain()  # rules directory, rules, configuration, reload
+        loaded = _prometheus_config(url)
+        assert [j["job_name"] for j in loaded["scrape_configs"]] == [
+            "gpufleet_node",
+            "gpufleet_vllm",
+            "gpufleet_haproxy",
+            "gpufleet_drift",
+        ]
+        with urllib.request.urlopen(url + "/api/v1/rules", timeout=10) as resp:
+            rules = [r["name"] for g in json.load(resp)["data"]["groups"] for r in g["rules"]]
+        assert len(rules) == 13 and "GpufleetNcclGateFailed" in rules
+        again = play(ansible_env, tmp_path, extra, reload)
+        assert again.returncode == 0 and again.host("prom")["changed"] == 0, again.explain()
+        # an endpoint that does not answer fails the run, naming it
+        gone = play(
+            ansible_env,
+            tmp_path,
+            extra,
+            reload,
+            {"monitoring_prometheus_reload_url": "http://127.0.0.1:9/-/reload", "monitoring_scrape_interval": "20s"},
+        )
+        assert gone.returncode != 0 and "127.0.0.1:9/-/reload" in gone.stdout, gone.explain()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()

@@ -4,7 +4,7 @@
 
 ``auto`` picks vLLM where its plan fits with tensor parallelism over identical GPUs, and llama.cpp
 where the GPUs differ in size (tensor parallelism splits every layer evenly, so the smallest GPU
-bounds all of them: seed 001's A6000 + 4090 node), where the model is a GGUF file (vLLM's GGUF
+bounds all of them: an RTX A6000 + RTX 4090 node), where the model is a GGUF file (vLLM's GGUF
 support is experimental and single-file only), or where only a layer-offload plan fits (vLLM's
 plan refused, llama.cpp's not). Where neither plan fits the node stays on vLLM, whose preflight
 refuses with the planner's numbers. The plans are the planners' own (``_vllm.serve_config``, the

@@ -37,8 +37,8 @@ Reserves per GPU, documented and overridable (every value in MiB):
 - ``margin_mib`` (default 1024): the free memory kept on every GPU: llama.cpp's own default target
   margin for ``--fit`` (``common/common.h``, ``fit_params_target = 1024 MiB``, llama.cpp as vendored
   by llama-cpp-python 0.3.36) for the temporaries of the CUDA memory pool, which grow at the first
-  long prompt rather than at load - the failure of seed 001, where all 80 layers loaded and the
-  first 4k-token prompt killed the server.
+  long prompt rather than at load - a failure seen in the field: all 80 layers of a 70B model
+  loaded, and the first 4k-token prompt killed the server.
 
 Inputs are refused, never replaced: :class:`PlanError` names the option.
 """

@@ -1,10 +1,10 @@
 # -*- coding: utf-8 -*-
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""A bounded, streaming load test of an OpenAI-compatible server (vLLM), as seed 004's harness.
+"""A bounded, streaming load test of an OpenAI-compatible server (vLLM).
 
 ``concurrency`` clients each send ``/v1/completions`` requests back to back, streaming, cycling
-through the prompt lengths (seed 004: 128, 512 and 2048 tokens) until ``duration`` seconds have
+through the prompt lengths (by default 128, 512 and 2048 tokens) until ``duration`` seconds have
 passed; requests in flight then finish (each bounded by ``timeout``). Prompts are lists of token
 ids, so their length is exact whatever the model's tokenizer. Measured per request, on the client:
 TTFT (request sent -> first streamed token), inter-token latencies (gaps between tokens), output

@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Catching the slow decay of a vLLM worker (seed 001), and recycling it on evidence.
+"""Catching the slow decay of a vLLM worker (resident memory that keeps rising), and recycling it
+on evidence.
 
 Each run of the node's timer adds one sample: the server's resident memory (every process of its
 systemd unit) and its TTFT p95 over the interval since the previous run (from the histogram's

@@ -126,7 +126,7 @@ HARDWARE_ALIASES = {
 }
 
 # Per-model serving profiles. max_model_len is pinned from the expected prompt p99 plus the output
-# budget (seed 001: p99 11k -> 16384), not left at the model's 128k default.
+# budget (a prompt p99 of 11k tokens -> 16384), not left at the model's 128k default.
 MODEL_SERVING = {
     "Llama-3.3-70B-Instruct": {"max_model_len": 16384, "expected_request_len": 8192, "kv_cache_dtype": "auto"},
     "Llama-3.3-70B-Instruct-FP8": {"max_model_len": 16384, "expected_request_len": 8192, "kv_cache_dtype": "fp8"},

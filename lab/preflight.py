@@ -23,6 +23,13 @@ PROGRAMS = {
     "promtool": "prometheus",
     "prometheus-node-exporter": "prometheus-node-exporter",
 }
+# What building a node's root filesystem of another Debian release needs (lab/rootfs.py).
+BUILDER_PROGRAMS = {
+    "debootstrap": "debootstrap",
+    "unshare": "util-linux",
+    "chroot": "coreutils",
+    "dpkg-deb": "dpkg",
+}
 SYSTEMD = "/lib/systemd/systemd"
 SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin")
 
@@ -43,6 +50,18 @@ class LabError(Exception):
 def which(program):
     path = os.environ.get("PATH", "") + ":" + ":".join(SBIN)
     return shutil.which(program, path=path)
+
+
+def builder_programs():
+    """Absolute path of every program lab/rootfs.py runs, or LabError naming the missing packages."""
+    found = {prog: which(prog) for prog in BUILDER_PROGRAMS}
+    missing = sorted({BUILDER_PROGRAMS[prog] for prog, path in found.items() if not path})
+    if missing:
+        raise LabError(
+            "building a root filesystem of another Debian release needs the Debian package(s) "
+            f"{' '.join(missing)}: apt-get install {' '.join(missing)} (scripts/setup.sh installs them)"
+        )
+    return found
 
 
 def programs():

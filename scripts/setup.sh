@@ -2,11 +2,12 @@
 # Set up a fresh machine for this repository: Debian packages the modules and the lab call
 # (pciutils: lspci/setpci) and the tests use (shellcheck: ansible-test sanity's shell checks),
 # prometheus (promtool) and prometheus-node-exporter for the monitoring role, its tests and the lab,
-# then the pinned controller venv in .venv. Idempotent.
+# debootstrap for the lab's nodes of other Debian releases, then the pinned controller venv in
+# .venv. Idempotent.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 debs=(pciutils iproute2 openssh-server openssh-client haproxy systemd git python3 python3-yaml python3-prometheus-client
-      shellcheck prometheus prometheus-node-exporter cmake g++)
+      shellcheck prometheus prometheus-node-exporter cmake g++ debootstrap)
 missing=()
 for pkg in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -45,6 +46,31 @@ if [[ ! -d $wheelhouse ]]; then
   tmp=$(mktemp -d "$wheelhouse.tmp.XXXXXX")
   "$repo/.venv/bin/pip" download -q --disable-pip-version-check --only-binary=:all: -d "$tmp" -r "$node_reqs"
   mv -T "$tmp" "$wheelhouse"
+fi
+# pytest for the node Pythons (tests/node_pythons): pure-Python wheels that run on 3.9 and 3.13,
+# cached by their requirements file's hash.
+node_pytest_reqs=$repo/tests/node_pythons/requirements.txt
+node_pytest=${XDG_CACHE_HOME:-$HOME/.cache}/gpufleet/node-pytest-$(sha256sum "$node_pytest_reqs" | cut -c1-16)
+if [[ ! -d $node_pytest ]]; then
+  echo "setup: downloading pytest for the node Pythons into $node_pytest"
+  mkdir -p "$(dirname "$node_pytest")"
+  tmp=$(mktemp -d "$node_pytest.tmp.XXXXXX")
+  "$repo/.venv/bin/pip" download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    --python-version 3.9 --implementation py --abi none --platform any -d "$tmp" -r "$node_pytest_reqs"
+  mv -T "$tmp" "$node_pytest"
+fi
+# The root filesystems of the lab's nodes of other Debian releases (lab/rootfs.py: debootstrap,
+# about 2 minutes each, once; cached under ~/.cache/gpufleet/rootfs-<release>-<key>): started in
+# the background, one per release, so that they build while the static checks run; whatever needs
+# one waits on its build's lock, and builds it itself if this one failed (its log says why).
+if [[ $(id -u) -eq 0 ]]; then
+  for release in bullseye trixie; do
+    if ! "$repo/.venv/bin/python" -c 'import sys, lab.rootfs as r; sys.exit(0 if r.built(sys.argv[1]) else 1)' "$release"; then
+      log=${XDG_CACHE_HOME:-$HOME/.cache}/gpufleet/rootfs-$release.log
+      echo "setup: building the $release root filesystem in the background (log: $log)"
+      (cd "$repo" && setsid "$repo/.venv/bin/python" -m lab.rootfs "$release" >"$log" 2>&1 </dev/null &)
+    fi
+  done
 fi
 # galaxy-importer, what Ansible Galaxy runs on an uploaded collection, in a venv of its own
 # (.venv-importer: its pins are not the controller's) for tests/integration/test_galaxy_import.py.

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import health as H
 from . import tree as B
-from .profiles import CMPLT_REDIR, DRIVER_VERSION, EGRESS_CTRL, REQ_REDIR
+from .profiles import CMPLT_REDIR, DRIVER_VERSION, EGRESS_CTRL, GPU_MODELS, REQ_REDIR
 
 REDIRECT_BITS = REQ_REDIR | CMPLT_REDIR | EGRESS_CTRL
 ROOT_ENV = "GPUFLEET_LAB_ROOT"
@@ -83,8 +83,9 @@ class Gpu(Device):
         self.serial = rec["serial"]
         self.memory_total_mib = rec["memory_total_mib"]
         self.nvlinks = rec["nvlinks"]
-        self.nvlink_gbps = rec["nvlink_gbps"]  # per link; None without NVLink
-        self.compute_capability = rec["compute_capability"]  # "8.9"
+        model = next(m for m in GPU_MODELS.values() if m["name"] == rec["name"])  # profiles.GPU_MODELS
+        self.nvlink_gbps = model["nvlink_gbps"]  # per link; None without NVLink
+        self.compute_capability = model["compute_capability"]  # "8.9"
         self.cpu_affinity = rec["cpu_affinity"]
 
 

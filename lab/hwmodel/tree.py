@@ -165,8 +165,6 @@ class _Layout:
                 index=len(self.gpus),
                 memory_total_mib=model["memory_total_mib"],
                 nvlinks=model["nvlinks"],
-                nvlink_gbps=model["nvlink_gbps"],
-                compute_capability=model["compute_capability"],
                 subsystem_id=0x1851,
             )
             self.gpus.append(rec)

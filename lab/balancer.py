@@ -8,8 +8,8 @@ health``) and may also write them into the configuration file so a restart keeps
 Frontend ``prometheus`` is HAProxy's built-in exporter (``/metrics`` on 127.0.0.1:8405, or a free
 port when another lab holds it), scraped by the lab's Prometheus (lab/prometheus.py).
 
-The lab speaks the runtime API with the collection's one client (``_haproxy.RuntimeAPI``): it is a
-protocol client, not one of the classifiers the lab is there to check.
+The lab speaks the runtime API with its own client and pool reader (lab/haproxy.py), never with
+the collection's: the pool it reads is what the lab judges the collection's work by.
 """
 
 from __future__ import annotations
@@ -21,10 +21,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from . import haproxy
 from .preflight import LabError
-from .report import _collection_path
-
-_collection_path()  # the collection's _haproxy client, imported where it is used
 
 BACKEND = "vllm_pool"
 
@@ -157,15 +155,13 @@ class Balancer:
         )
         if proc.returncode:
             raise LabError(f"HAProxy did not start ({proc.returncode}): {(proc.stderr or proc.stdout).strip()}")
-        from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import HAProxyError
-
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.pid() and self.socket.exists():
                 try:
                     self.command("show info")
                     return
-                except HAProxyError:
+                except haproxy.HAProxyError:
                     pass
             time.sleep(0.05)
         raise LabError(f"HAProxy started but its runtime socket {self.socket} does not answer")
@@ -184,10 +180,8 @@ class Balancer:
 
     def command(self, line):
         """One runtime API command over the admin socket; returns HAProxy's answer (raises
-        _haproxy.HAProxyError when the socket does not answer)."""
-        from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import RuntimeAPI
-
-        return RuntimeAPI(str(self.socket)).command(line)
+        haproxy.HAProxyError when the socket does not answer)."""
+        return haproxy.command(self.socket, line)
 
     def state(self):
         return "running" if self.pid() else "stopped"

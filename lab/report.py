@@ -5,24 +5,15 @@ what a correct run must leave (`expect_registered` of its profile)."""
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 
 import lab.hwmodel as hw
 
-from . import llamacpp
+from . import haproxy, llamacpp
 from .preflight import LabError
 
 MARKER = "/run/gpufleet/nccl-gate.json"
 HEALTH = "/run/gpufleet/gpu-health.json"
-
-
-def _collection_path():
-    repo = Path(__file__).resolve().parent.parent
-    path = str(repo / ".collections")
-    if path not in sys.path:
-        sys.path.insert(0, path)
 
 
 def gather(fleet, settle=6.0):
@@ -35,10 +26,8 @@ def gather(fleet, settle=6.0):
     A server added seconds ago is down until HAProxy's first health and agent checks (every 2 s)
     have passed: the pool is read again for up to `settle` seconds while a member in service
     is still down, so that the report shows where the checks land rather than their start.
+    The pool is the lab's own reading (lab/haproxy.py), not the collection's.
     """
-    _collection_path()
-    from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import HAProxyError, RuntimeAPI
-
     data = fleet.data()
     if not data:
         raise LabError(f"no lab at {fleet.state}: run `python -m lab up` first")
@@ -46,9 +35,9 @@ def gather(fleet, settle=6.0):
     deadline = time.monotonic() + settle
     while True:
         try:
-            pool = RuntimeAPI(bal.spec["socket"]).servers(bal.spec["backend"])
+            pool = haproxy.pool(bal.spec["socket"], bal.spec["backend"])
             pool_error = None
-        except HAProxyError as exc:
+        except haproxy.HAProxyError as exc:
             pool, pool_error = {}, str(exc)
         settling = [s for s in pool.values() if s["state"] == "ready" and s["op_state"] != "running"]
         if not settling or time.monotonic() > deadline:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from lab import haproxy
 from tests import support
 
 REPO = Path(__file__).resolve().parents[2]
@@ -260,11 +260,10 @@ class LabFleet:
         return self.status()["balancer"]
 
     def pool(self):
-        """{name: server} of the fleet's nodes in the vLLM backend, from HAProxy's runtime API
-        (the spare node of the session's lab may be there too: the operations tests' business)."""
-        from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import RuntimeAPI
-
-        servers = RuntimeAPI(self.balancer["runtime_socket"]).servers(self.balancer["backend"])
+        """{name: server} of the fleet's nodes in the vLLM backend, from HAProxy's runtime API, read
+        by the lab's own reader (lab/haproxy.py; the spare node of the session's lab may be there
+        too: the operations tests' business)."""
+        servers = haproxy.pool(self.balancer["runtime_socket"], self.balancer["backend"])
         return {name: server for name, server in servers.items() if name not in self.session_only()}
 
     def session_only(self):
@@ -273,25 +272,16 @@ class LabFleet:
 
     def config_servers(self):
         """{name: 'address:port'} of the backend's `server` lines in HAProxy's config file."""
-        text = Path(self.balancer["config"]).read_text()
-        section = re.search(rf"^backend\s+{BACKEND}\s*$(.*?)(?=^\S|\Z)", text, re.M | re.S)
-        assert section, f"no backend {BACKEND} in {self.balancer['config']}"
-        return {
-            m[1]: m[2]
-            for m in re.finditer(r"^\s+server\s+(\S+)\s+(\S+)", section[1], re.M)
-            if m[1] not in self.session_only()
-        }
+        servers = haproxy.config_servers(Path(self.balancer["config"]).read_text(), BACKEND)
+        return {name: address for name, address in servers.items() if name not in self.session_only()}
 
     def deregister(self, node):
         """Take node out of the pool behind the playbooks' back (test set-up only)."""
-        from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import RuntimeAPI, config_with_server
-
-        api = RuntimeAPI(self.balancer["runtime_socket"])
-        if node in api.servers(BACKEND):
-            api.run(f"set server {BACKEND}/{node} state maint")
-            api.run(f"del server {BACKEND}/{node}")
+        sock = self.balancer["runtime_socket"]
+        if node in haproxy.pool(sock, BACKEND):
+            haproxy.remove_server(sock, BACKEND, node)
         config = Path(self.balancer["config"])
-        config.write_text(config_with_server(config.read_text(), BACKEND, node, None))
+        config.write_text(haproxy.config_with_server(config.read_text(), BACKEND, node))
         self.changed(node)
 
     def wait_pool(self, predicate, timeout=20.0):

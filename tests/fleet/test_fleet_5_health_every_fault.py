@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from lab import haproxy
 from tests import support
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs_lab]
@@ -123,35 +124,25 @@ class HealthLab(support.SessionLab):
                     self.fault(node, f.kind, f.code, f.gpu)
 
     # --- the balancer: put a node in, as registration leaves it, so that "out" can fail ---------
-    def api(self):
-        from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import RuntimeAPI
-
-        return RuntimeAPI(str(self.state / "haproxy.sock"))
+    def socket(self):
+        return self.state / "haproxy.sock"
 
     def config(self):
         return Path(self.fleet.balancer().spec["config"])
 
     def register(self, *nodes):
-        from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import (
-            config_with_server,
-            server_line,
-            server_spec,
-        )
-
-        api, config = self.api(), self.config()
+        sock, config = self.socket(), self.config()
         for node in nodes:
-            if node not in api.servers(BACKEND):
-                api.run(f"add server {BACKEND}/{server_spec(node, self.spec(node)['address'], 8000, False)}")
-                api.run(f"enable server {BACKEND}/{node}")
-            text = config_with_server(
-                config.read_text(), BACKEND, node, server_line(node, self.spec(node)["address"], 8000, False)
+            if node not in haproxy.pool(sock, BACKEND):
+                haproxy.add_server(sock, BACKEND, node, self.spec(node)["address"], 8000)
+            config.write_text(
+                haproxy.config_with_server(config.read_text(), BACKEND, node, self.spec(node)["address"], 8000)
             )
-            config.write_text(text)
-        assert set(nodes) <= set(api.servers(BACKEND)), api.servers(BACKEND)
+        assert set(nodes) <= set(haproxy.pool(sock, BACKEND)), haproxy.pool(sock, BACKEND)
 
     def balancer_state(self):
         """(the backend's servers at runtime, the config file's text): what `out` is judged on."""
-        return set(self.api().servers(BACKEND)), self.config().read_text()
+        return set(haproxy.pool(self.socket(), BACKEND)), self.config().read_text()
 
     def assert_out(self, node, state=None):
         servers, config = state or self.balancer_state()

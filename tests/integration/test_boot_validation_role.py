@@ -193,6 +193,41 @@ def test_a_current_runtime_costs_one_read_and_a_stale_one_is_drift(ansible_env, 
     assert record.read_text() == before and not (opt / "gpufleet-node.tar.gz").exists()
 
 
+def test_refuses_a_node_without_a_python_for_its_own_run_before_changing_anything(ansible_env, tmp_path):
+    """The venv to install and the node's Python too old for ansible-core 2.19 (a stand-in that
+    answers the probe as Ubuntu 22.04's python3.10 does): the role fails the node with the rule's
+    message (what site.yml's rescue prints as the reason it is out of the pool) before building,
+    copying or writing anything."""
+    from tests.unit.test_boot_validation import _tarball
+
+    old = tmp_path / "bin" / "python3.10"
+    old.parent.mkdir()
+    old.write_text('#!/bin/sh\necho \'{"version": [3, 10, 12], "venv": false}\'\n')
+    old.chmod(0o755)
+    root = tmp_path / "root"
+    opt = root / "opt/gpufleet"
+    tarball = _tarball(tmp_path / "gpufleet-node-0.1.0.tar.gz", {"roles/r/tasks/main.yml": "a"})
+    rc, result = play(
+        ansible_env,
+        root,
+        "",
+        boot_validation_collections_path="",
+        boot_validation_runtime_dir=str(opt),
+        boot_validation_venv=str(opt / "venv"),
+        boot_validation_collection_tarball=tarball,
+        boot_validation_venv_python=str(old),
+        **NODE_VARS,
+    )
+    assert rc != 0
+    failed = {n: h for n, h in _tasks(result).items() if h.get("failed")}
+    assert list(failed) == ["Refuse a node without a Python for its own run"], failed
+    msg = failed["Refuse a node without a Python for its own run"]["msg"]
+    assert msg.startswith("localhost cannot run its own boot validation: ")
+    assert f"boot_validation_venv_python={old} is Python 3.10.12; the node's run needs Python 3.11-3.13" in msg
+    assert "gpufleet_boot_validation=false" in msg
+    assert not root.exists(), "nothing may be written"
+
+
 HF_TOKEN = "hf_boot-validation-9876543210"
 VAULT_PASSWORD = "boot-validation-test-password"
 

@@ -52,6 +52,9 @@ description:
     its GPU blocks, fails the task (cause C(nvidia_smi_output)).
   - The module never fails for an unhealthy node; it returns RV(gpu_health.passed), and the caller
     (the C(gpu_health) role) drains the node. It fails when it cannot read the GPUs at all.
+  - With O(boot_id_path) it also returns RV(verdict), the GPU health verdict of this boot ready to
+    write to C(gpu-health.json) (what M(gpufleet.node.node_readiness_info) and the node's HAProxy
+    agent read); O(failure) returns the failing verdict of a caller whose GPUs could not be read.
 version_added: 0.2.0
 author:
   - gpufleet.node developers (@gpufleet)
@@ -59,6 +62,18 @@ requirements:
   - On the target, either C(nvidia-ml-py) (Python module C(pynvml)) with the NVIDIA driver, or
     the driver's C(nvidia-smi).
 options:
+  boot_id_path:
+    description:
+      - The file holding this boot's id (C(/proc/sys/kernel/random/boot_id) on a node). Given, the
+        module returns RV(verdict), bound to that boot id; a boot id that cannot be read (missing,
+        empty, not text) fails the task naming the file.
+    type: path
+  failure:
+    description:
+      - Read no GPU and return the failing verdict of this boot with one C(gpu_facts) check whose
+        reason is this text (the gpu_health role records so why a first call could not read the
+        GPUs). Needs O(boot_id_path).
+    type: str
   backend:
     description:
       - Where the per-GPU facts come from. V(auto) uses NVML when C(pynvml) imports and
@@ -202,6 +217,18 @@ EXAMPLES = r"""
   ansible.builtin.assert:
     that: health.gpu_health.passed
     fail_msg: "{{ health.gpu_health.checks | selectattr('status', 'eq', 'fail') | map(attribute='reason') | join('; ') }}"
+
+- name: Judge the GPUs and get this boot's verdict, ready to write
+  gpufleet.node.gpu_health_info:
+    boot_id_path: /proc/sys/kernel/random/boot_id
+  register: health
+
+- name: Write the verdict where the node's HAProxy agent reads it
+  gpufleet.node.files:
+    mode: '0644'
+    files:
+      - content: "{{ health.verdict | to_nice_json(sort_keys=true) }}\n"
+        dest: /run/gpufleet/gpu-health.json
 
 - name: Audit a captured kernel log with nvidia-smi while the GPUs are busy
   gpufleet.node.gpu_health_info:
@@ -347,6 +374,51 @@ gpu_health:
     passed:
       description: No check failed.
       type: bool
+verdict:
+  description:
+    - The GPU health verdict of this boot, as written to C(gpu-health.json) and read by
+      M(gpufleet.node.node_readiness_info) and the node's HAProxy agent.
+  returned: when O(boot_id_path) is given
+  type: dict
+  contains:
+    boot_id:
+      description: The boot id read from O(boot_id_path); the verdict counts for that boot only.
+      type: str
+    passed:
+      description: True only when no check failed.
+      type: bool
+    source:
+      description: Who judged (C(gpu_health) here; the node's watcher writes C(gpu-health-watch)).
+      type: str
+    checks:
+      description: The failed checks, as in RV(gpu_health.checks).
+      type: list
+      elements: dict
+    warnings:
+      description: The checks that warned, as in RV(gpu_health.checks).
+      type: list
+      elements: dict
+    action:
+      description: The strongest action the failed checks call for (C(none) when none failed).
+      type: str
+    reason:
+      description:
+        - Each failed check as its name, a colon and its reason, joined by semicolons; C(every check
+          passed) when none failed.
+      type: str
+  sample:
+    boot_id: 5d2c6f0e-8a51-4c11-a3f0-6a2b1f0e9c77
+    passed: false
+    source: gpu_health
+    checks:
+      - name: row_remap
+        status: fail
+        gpus: ["0000:53:00.0"]
+        reason: "row remapping pending on 0000:53:00.0: takes effect only after a GPU reset or reboot"
+        action: reset the GPU
+    warnings: []
+    action: reset the GPU
+    reason: "row_remap: row remapping pending on 0000:53:00.0: takes effect only after a GPU reset or reboot"
 """
 
 import traceback
@@ -362,6 +434,7 @@ from ansible_collections.gpufleet.node.plugins.module_utils.health import (
     _thresholds,
     _verdict,
 )
+from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _readiness
 
 try:
     import pynvml
@@ -458,8 +531,34 @@ def collect(module, run, notes):
     return _collect.collect_nvidia_smi(run, binary), "nvidia_smi"
 
 
+def read_boot_id(module):
+    """This boot's id from ``boot_id_path`` (None when it is not given); a clear failure when it
+    cannot be read: a verdict bound to no boot would be ignored by its readers."""
+    path = module.params["boot_id_path"]
+    if path is None:
+        return None
+    try:
+        return _readiness.read_boot_id(path)
+    except OSError as exc:
+        module.fail_json(
+            msg="cannot read the boot id at boot_id_path %s: %s; the GPU health verdict is bound to this "
+            "boot's id (/proc/sys/kernel/random/boot_id on a node): point boot_id_path at it"
+            % (path, exc.strerror or exc),
+            cause="boot_id",
+        )
+
+
+def failure_result(boot_id, reason):
+    """The result of ``failure``: GPUs that could not be read, one ``gpu_facts`` failure."""
+    checks = [_verdict.check("gpu_facts", _verdict.FAIL, [], reason, _verdict.INSPECT)]
+    health = {"passed": False, "gpus": [], "xid_events": [], "sxid_events": [], "checks": checks}
+    return {"gpu_health": health, "verdict": _verdict.record_of_checks(boot_id, checks)}
+
+
 def main():
     argument_spec = dict(
+        boot_id_path=dict(type="path"),
+        failure=dict(type="str"),
         backend=dict(type="str", default="auto", choices=["auto", "nvml", "nvidia_smi"]),
         nvidia_smi_path=dict(type="path"),
         sysfs_path=dict(type="path", default="/sys/bus/pci"),
@@ -479,8 +578,13 @@ def main():
         argument_spec[name] = dict(type="int")
         if _thresholds.DEFAULT_THRESHOLDS[name] is not None:
             argument_spec[name]["default"] = _thresholds.DEFAULT_THRESHOLDS[name]
-    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    module = AnsibleModule(
+        argument_spec=argument_spec, supports_check_mode=True, required_by={"failure": "boot_id_path"}
+    )
     params = module.params
+    boot_id = read_boot_id(module)
+    if params["failure"] is not None:
+        module.exit_json(changed=False, backend=None, backend_notes=[], **failure_result(boot_id, params["failure"]))
     if params["timeout"] <= 0:
         module.fail_json(msg="timeout must be a positive number of seconds, not %d" % params["timeout"])
     run = runner(params["timeout"])
@@ -534,7 +638,10 @@ def main():
         "checks": checks,
         "passed": passed,
     }
-    module.exit_json(changed=False, backend=used, backend_notes=notes, gpu_health=health)
+    result = dict(changed=False, backend=used, backend_notes=notes, gpu_health=health)
+    if params["boot_id_path"] is not None:
+        result["verdict"] = _verdict.record_of_checks(boot_id, checks)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

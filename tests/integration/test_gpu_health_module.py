@@ -232,3 +232,55 @@ def test_ansible_doc_renders():
     )
     assert proc.returncode == 0, proc.stderr
     assert "fabric_manager_state" in proc.stdout and "DCGM_LIMIT_MAX_RETIRED_PAGES" in proc.stdout
+
+
+def test_the_verdict_of_this_boot_comes_ready_to_write(node):
+    """With boot_id_path the module returns the verdict file's record (the role writes it as it
+    is, the watcher builds its own with the same builder): failures, warnings, the strongest
+    action, every reason."""
+    boot_id = node.tmp / "boot_id"
+    boot_id.write_text("5d2c6f0e-8a51-4c11-a3f0-6a2b1f0e9c77\n")
+    log = (
+        "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+    )
+    result = run_module("gpu_health_info", node(log=log, boot_id_path=str(boot_id), require_peermem=True))
+    verdict = result["verdict"]
+    failed = [c for c in result["gpu_health"]["checks"] if c["status"] == "fail"]
+    assert [c["name"] for c in failed] == ["xid"], result["gpu_health"]["checks"]
+    assert verdict == {
+        "boot_id": "5d2c6f0e-8a51-4c11-a3f0-6a2b1f0e9c77",
+        "passed": False,
+        "source": "gpu_health",
+        "checks": failed,
+        "warnings": [c for c in result["gpu_health"]["checks"] if c["status"] == "warn"],
+        "action": "reboot",
+        "reason": "xid: " + failed[0]["reason"],
+    }
+    assert "verdict" not in run_module("gpu_health_info", node())
+
+
+def test_a_boot_id_that_cannot_be_read_fails_and_failure_returns_a_failing_verdict(node):
+    (node.tmp / "empty").write_text("\n")
+    for path in (node.tmp / "missing", node.tmp / "empty"):
+        result = run_module("gpu_health_info", node(boot_id_path=str(path)))
+        assert result.get("failed") and result["cause"] == "boot_id" and str(path) in result["msg"], result
+        assert "verdict" not in result
+    (node.tmp / "boot_id").write_text("5d2c6f0e-8a51-4c11-a3f0-6a2b1f0e9c77\n")
+    result = run_module(
+        "gpu_health_info", {"boot_id_path": str(node.tmp / "boot_id"), "failure": "nvidia-smi timed out"}
+    )
+    assert not result.get("failed"), result
+    check = {"name": "gpu_facts", "status": "fail", "gpus": [], "reason": "nvidia-smi timed out",
+             "action": "drain and inspect the hardware"}  # fmt: skip
+    assert result["verdict"] == {
+        "boot_id": "5d2c6f0e-8a51-4c11-a3f0-6a2b1f0e9c77",
+        "passed": False,
+        "source": "gpu_health",
+        "checks": [check],
+        "warnings": [],
+        "action": "drain and inspect the hardware",
+        "reason": "gpu_facts: nvidia-smi timed out",
+    }
+    assert result["gpu_health"]["checks"] == [check] and result["gpu_health"]["passed"] is False
+    refused = run_module("gpu_health_info", {"failure": "x"})
+    assert refused.get("failed") and "boot_id_path" in refused["msg"], refused

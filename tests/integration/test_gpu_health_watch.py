@@ -247,7 +247,9 @@ def test_uncorrectable_ecc_and_a_failing_nvidia_smi(node):
     assert [(c["name"], c["action"]) for c in failed] == [("nvidia_smi", "reboot")]
 
 
-def test_a_replaced_or_truncated_log_is_read_again_from_its_start(node):
+def test_a_log_written_again_from_its_first_line_is_judged_anew(node):
+    """The same log written again whole (its first line unchanged, as the lab's `fault clear`
+    does): read again from its start, and the events before are forgotten."""
     log = watch.FileLog(str(node / "kern.log"))
     assert log.read() == ([BANNER.rstrip("\n")], False)
     with (node / "kern.log").open("a") as handle:
@@ -256,8 +258,87 @@ def test_a_replaced_or_truncated_log_is_read_again_from_its_start(node):
     with (node / "kern.log").open("a") as handle:
         handle.write(" line\n")
     assert log.read() == (["[ 1.0] partial line"], False)
-    (node / "kern.log").write_text("x\n")  # shorter: a new boot's log
-    assert log.read() == (["x"], True)
+    (node / "kern.log").write_text(BANNER)  # shorter, from the same first line
+    assert log.read() == ([BANNER.rstrip("\n")], True)
+
+
+ROTATED = "[ 9000.000001] systemd-journald[412]: Received SIGUSR1\n"
+
+
+@pytest.mark.parametrize("how", ["renamed", "copytruncate"])
+def test_log_rotation_keeps_this_boots_xid_events(node, how):
+    """logrotate's new file (the old one renamed) or copytruncate (the file emptied, then written
+    on): the log goes on, and this boot's XID 79 read before still fails the node."""
+    path = node / "kern.log"
+    path.write_text(BANNER + XID_79)
+    log, w = watch.FileLog(str(path)), judge(node)
+    w.feed(*log.read())
+    assert [c["name"] for c in w.failures(None, None, 0)] == ["xid"]
+    if how == "renamed":
+        path.rename(node / "kern.log.1")
+        path.write_text("")
+    else:
+        path.write_text("")
+    assert log.read() == ([], False)
+    with path.open("a") as handle:
+        handle.write(ROTATED)
+    lines, reset = log.read()
+    assert (lines, reset) == ([ROTATED.strip()], False)
+    w.feed(lines, reset)
+    failed = w.failures(None, None, 0)
+    assert [(c["name"], c["gpus"]) for c in failed] == [("xid", ["0000:53:00.0"])], failed
+
+
+def test_log_rotation_keeps_this_boots_xid_events_while_watching(node, started):
+    """The running watcher: its verdict stands over a rotation, and a pass written over it while
+    the XID stands is written over again."""
+    pass_marker(node)
+    (node / "kern.log").write_text(BANNER + XID_79)
+    proc = started(argv(node, "--no-gpu-poll", "--log-interval", "0.2"))
+    wait_for_verdict(node, proc)
+    (node / "kern.log").rename(node / "kern.log.1")
+    (node / "kern.log").write_text(ROTATED)
+    wait_for_line(proc, "was rotated: the events of this boot read so far stand")
+    path = node / "run" / "gpu-health.json"
+    path.write_text(json.dumps({"boot_id": BOOT, "passed": True, "source": "gpu_health", "checks": []}))
+    verdict = wait_for(lambda: json.loads(path.read_text())["passed"] is False and json.loads(path.read_text()),
+                       proc, "the failure written again")  # fmt: skip
+    assert [c["name"] for c in verdict["checks"]] == ["xid"] and agent(node).startswith("down #GPU health failed")
+
+
+def test_a_previous_boots_xid_at_the_tail_does_not_hold_a_healthy_node_down(node, started):
+    """The log's tail is the previous boot's (its XID 79) until this boot's banner is written
+    after it: the events before the banner are forgotten, and the verdict the watcher wrote for
+    them gives way to the one it replaced (the role's pass of this boot)."""
+    pass_marker(node)
+    role_pass = json.dumps({"boot_id": BOOT, "passed": True, "source": "gpu_health", "checks": [], "warnings": [],
+                            "action": "none", "reason": "every check passed"}, indent=4, sort_keys=True) + "\n"  # fmt: skip
+    path = node / "run" / "gpu-health.json"
+    path.write_text(role_pass)
+    (node / "kern.log").write_text(BANNER + XID_79)
+    proc = started(argv(node, "--no-gpu-poll", "--log-interval", "0.2"))
+    wait_for(lambda: json.loads(path.read_text())["passed"] is False, proc, "the earlier boot's XID judged")
+    with (node / "kern.log").open("a") as log:
+        log.write(BANNER + "[    5.117804] NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  535.183.01\n")
+    wait_for_line(proc, "the verdict it replaced is back")
+    assert path.read_text() == role_pass and agent(node) == "up"
+    # a banner a process writes later (stamped when written) is no boot: this XID stands
+    with (node / "kern.log").open("a") as log:
+        log.write(XID_79 + BANNER.replace("[    0.000000]", "[ 8124.000001]"))
+    verdict = wait_for(lambda: json.loads(path.read_text())["passed"] is False and json.loads(path.read_text()),
+                       proc, "this boot's XID judged")  # fmt: skip
+    assert [c["name"] for c in verdict["checks"]] == ["xid"] and agent(node).startswith("down #")
+
+
+def test_a_boot_start_in_a_later_read_ends_the_events_before_it(node):
+    """The watcher uses the kernel-log parser's boot detection across its reads, not only within
+    one: the kernel's banner (stamped 0) forgets the events before it, an injected one does not."""
+    w = judge(node)
+    w.feed([XID_79.strip()])
+    w.feed([BANNER.replace("[    0.000000]", "[ 8124.000001]").strip()])
+    assert [c["name"] for c in w.failures(None, None, 0)] == ["xid"]
+    w.feed(["Jun 21 02:10:01 hgx kernel: Linux version 6.8.0-49-generic (buildd@lcy02-amd64-046) (gcc 13)"])
+    assert w.failures(None, None, 0) == []
 
 
 def test_the_roles_failures_stand_beside_the_watchers_own(node):
@@ -364,3 +445,145 @@ def test_unparseable_xid_is_reported(node):
     (check,) = json.loads((node / "run" / "gpu-health.json").read_text())["checks"]
     assert check["name"] == "xid" and check["action"] == "drain and inspect the hardware"
     assert "unparseable Xid line on 0000:53:00.0" in check["reason"]
+
+
+# -- a GPU that drops out, nvidia-smi missing or hung, the boot id, a malformed verdict -----------
+BDFS = ["0000:53:00.0", "0000:64:00.0"]
+
+
+def test_a_gpu_that_drops_out_of_the_report_fails(node, started):
+    """Without an Xid line: a GPU the node had at the watcher's first report and a later report
+    lacks fails `gpu_count` at once (reboot); so does no GPU at all, once there were GPUs."""
+    from tests.integration.test_gpu_health_module import report
+
+    pass_marker(node)
+    binary = smi(node, report(BDFS))
+    proc = started(argv(node, "--nvidia-smi", str(binary), "--gpu-interval", "0.5", "--log-interval", "0.2"))
+    calls = node / "nvidia-smi.calls"
+    wait_for(lambda: calls.exists() and len(calls.read_text().splitlines()) >= 2, proc, "second poll")
+    assert not (node / "run" / "gpu-health.json").exists() and agent(node) == "up"
+    (node / "nvidia-smi.txt").write_text(report(BDFS[:1]))
+    verdict = wait_for_verdict(node, proc)
+    assert [(c["name"], c["gpus"], c["action"]) for c in verdict["checks"]] == [
+        ("gpu_count", ["0000:64:00.0"], "reboot")
+    ], verdict
+    assert "0000:64:00.0 reported earlier this boot are gone" in verdict["reason"]
+    assert agent(node).startswith("down #GPU health failed (gpu-health-watch): gpu_count: ")
+
+    w = judge(node)
+    from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _nvsmi_q
+
+    assert w.failures(_nvsmi_q.parse_query(report(BDFS))["gpus"], None, 0) == []
+    (lost,) = w.failures([], "`nvidia-smi -q` finds no GPU", 1)
+    assert (lost["name"], lost["gpus"], lost["action"]) == ("gpu_count", BDFS, "reboot"), lost
+
+
+def test_fewer_gpus_than_expected_fail_from_the_first_report(node):
+    from tests.integration.test_gpu_health_module import report
+
+    binary = smi(node, report(BDFS[:1]))
+    failed = subprocess.run(
+        argv(node, "--nvidia-smi", str(binary), "--expect-gpu-count", "2", "--once"), capture_output=True, text=True
+    )
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    (check,) = json.loads((node / "run" / "gpu-health.json").read_text())["checks"]
+    assert check["name"] == "gpu_count" and "1 GPU(s) visible to the driver, expected 2" in check["reason"], check
+
+
+def test_once_with_nvidia_smi_missing_or_hung_fails(node):
+    """`--once` has one poll: an nvidia-smi that is not there, or hangs past --timeout, fails
+    (no polls-in-a-row grace)."""
+    hung = node / "hung-nvidia-smi"
+    hung.write_text("#!/bin/sh\nexec sleep 600\n")
+    hung.chmod(0o755)
+    for binary, words in ((node / "no-such-nvidia-smi", "cannot run"), (hung, "did not finish within 1.0 s")):
+        (node / "run" / "gpu-health.json").unlink(missing_ok=True)
+        proc = subprocess.run(
+            argv(node, "--nvidia-smi", str(binary), "--timeout", "1", "--once"), capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        (check,) = json.loads((node / "run" / "gpu-health.json").read_text())["checks"]
+        assert check["name"] == "nvidia_smi" and words in check["reason"], check
+
+
+def test_no_nvidia_smi_on_path_keeps_following_the_kernel_log(node, monkeypatch, capsys):
+    """No nvidia-smi on PATH is no exit: the GPUs count as unreadable (failing, at once) and the
+    kernel log is read all the same."""
+    empty = node / "empty-path"
+    empty.mkdir()
+    monkeypatch.setattr(watch, "search_path", lambda: str(empty))
+    (node / "kern.log").write_text(BANNER + XID_79)
+    rc = watch.main(
+        ["--verdict", str(node / "run" / "gpu-health.json"), "--boot-id", str(node / "boot_id"),
+         "--kernel-log", str(node / "kern.log"), "--lib-dir", str(node / "lib"), "--once"]
+    )  # fmt: skip
+    assert rc == 1, capsys.readouterr().out
+    verdict = json.loads((node / "run" / "gpu-health.json").read_text())
+    assert [c["name"] for c in verdict["checks"]] == ["xid", "nvidia_smi"], verdict
+    assert "nvidia-smi is not on PATH" in verdict["reason"] and "the kernel log is followed" in capsys.readouterr().out
+    poller = watch.GpuPoller(watch.load_rules(str(REPO / ".collections")), None, 1, 5)
+    poller.poll()
+    gpus, error, errors, at_once = poller.latest()
+    assert (gpus, errors, at_once) == (None, 1, True) and "nvidia-smi is not on PATH" in error
+    assert [c["name"] for c in judge(node).failures(gpus, error, errors, at_once)] == ["nvidia_smi"]
+
+
+def test_an_unreadable_boot_id_fails_closed_with_a_verdict_that_says_why(node):
+    """Unreadable from the start: the verdict names the boot id's problem (the node's agent, which
+    reads the same file, answers down), and is bound again once the boot id reads. Unreadable
+    later: the verdict carries the boot id read before, which the agent honours."""
+    (node / "boot_id").write_text("")
+    (node / "kern.log").write_text(BANNER + XID_79)
+    proc = subprocess.run(argv(node, "--no-gpu-poll", "--once"), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    path = node / "run" / "gpu-health.json"
+    verdict = json.loads(path.read_text())
+    assert verdict["boot_id"] is None and [c["name"] for c in verdict["checks"]] == ["xid", "boot_id"], verdict
+    assert f"cannot read the boot id at {node / 'boot_id'}: empty" in verdict["reason"]
+    assert agent(node).startswith("down #cannot read the boot id")
+
+    w = judge(node)
+    w.feed([XID_79.strip()])
+    assert w.enforce(w.failures(None, None, 0)) and json.loads(path.read_text())["boot_id"] is None
+    (node / "boot_id").write_text(BOOT + "\n")
+    w.enforce(w.failures(None, None, 0))
+    verdict = json.loads(path.read_text())
+    assert verdict["boot_id"] == BOOT and [c["name"] for c in verdict["checks"]] == ["xid"], verdict
+    (node / "boot_id").unlink()
+    w.feed([XID_79.replace("53:00", "64:00").strip()])
+    w.enforce(w.failures(None, None, 0))
+    verdict = json.loads(path.read_text())
+    assert verdict["boot_id"] == BOOT and len(verdict["checks"]) == 1 and "0000:64:00.0" in verdict["reason"]
+    (node / "boot_id").write_text(BOOT + "\n")
+    assert agent(node).startswith("down #GPU health failed (gpu-health-watch): xid: ")
+
+
+MALFORMED = [
+    "not json",
+    "[]",
+    "[" * 100000,
+    json.dumps({"boot_id": BOOT, "passed": False, "checks": "xid", "warnings": {"name": "peermem"}}),
+    json.dumps(
+        {
+            "boot_id": BOOT,
+            "passed": False,
+            "checks": [1, None, {"name": ["x"]}, {"reason": 3, "action": []}],
+            "warnings": [None, "w", {"name": {"a": 1}}],
+        }
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize("text", MALFORMED, ids=["not-json", "not-an-object", "nested-too-deep", "wrong-types",
+                                                 "wrong-records"])  # fmt: skip
+def test_a_malformed_previous_verdict_does_not_stop_the_failure_being_written(node, text):
+    pass_marker(node)
+    path = node / "run" / "gpu-health.json"
+    path.write_text(text)
+    (node / "kern.log").write_text(BANNER + XID_79)
+    proc = subprocess.run(argv(node, "--no-gpu-poll", "--once"), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    verdict = json.loads(path.read_text())
+    assert verdict["boot_id"] == BOOT and verdict["passed"] is False and verdict["checks"][0]["name"] == "xid"
+    assert agent(node).startswith("down #GPU health failed (gpu-health-watch): xid: XID 79"), agent(node)

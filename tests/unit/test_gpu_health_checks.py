@@ -220,7 +220,9 @@ def test_peermem_loaded(tmp_path):
 def _stub_pynvml():
     """The repository's pynvml stand-in (lab/standins/nvml/pynvml.py), for its NVMLError classes and codes
     (built as nvidia-ml-py builds them), loaded under another name so the real binding stays."""
-    spec = importlib.util.spec_from_file_location("gpufleet_lab_pynvml", REPO / "lab" / "standins" / "nvml" / "pynvml.py")
+    spec = importlib.util.spec_from_file_location(
+        "gpufleet_lab_pynvml", REPO / "lab" / "standins" / "nvml" / "pynvml.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its error classes are built from sys.modules[__name__]
     spec.loader.exec_module(module)
@@ -521,3 +523,56 @@ def test_nvml_nvlink_design_with_a_lost_link_state_fails():
     (gpu_record,) = _collect.collect_nvml(NoLinks(fabric_state=3))["gpus"]
     assert gpu_record["nvlinks"] == [] and gpu_record["fabric"] == {"state": "completed", "status": "success"}
     assert _checks.check_nvlink([gpu_record], T)["status"] == "fail"
+
+
+def test_gpus_kept_fails_on_a_gpu_gone_since_an_earlier_report_and_on_the_expected_count():
+    other = gpu(bus_id="0000:64:00.0")
+    assert _checks.check_gpus_kept([H100, other], [])["status"] == "pass"
+    assert _checks.check_gpus_kept([H100, other], ["0000:53:00.0", "0000:64:00.0"], 2)["status"] == "pass"
+    lost = _checks.check_gpus_kept([H100], ["0000:53:00.0", "0000:64:00.0"])
+    assert (lost["status"], lost["gpus"], lost["action"]) == ("fail", ["0000:64:00.0"], "reboot")
+    assert "0000:64:00.0 reported earlier this boot are gone" in lost["reason"] and "1 of 2 left" in lost["reason"]
+    short = _checks.check_gpus_kept([H100], [], 8)
+    assert (short["status"], short["gpus"], short["action"]) == ("fail", [], "drain and inspect the hardware")
+    assert short["reason"] == "1 GPU(s) visible to the driver, expected 8"
+
+
+def test_the_verdict_record_is_the_one_its_readers_read():
+    """health/_verdict.record: the file's fields as nccl/_readiness (node_readiness_info, the
+    HAProxy agent, boot validation) read them; the strongest action in ACTIONS order."""
+    from ansible_collections.gpufleet.node.plugins.module_utils.health import _verdict
+    from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _readiness
+
+    xid = _verdict.check("xid", "fail", ["0000:53:00.0"], "XID 79", _verdict.REBOOT)
+    fm = _verdict.check("fabric_manager", "fail", [], "inactive", _verdict.CONFIGURE)
+    peermem = _verdict.check("peermem", "warn", [], "not loaded", _verdict.CONFIGURE)
+    ok = _verdict.check("ecc", "pass", [], "none")
+    verdict = _verdict.record_of_checks("b1", [fm, ok, xid, peermem])
+    assert verdict == {
+        "boot_id": "b1",
+        "passed": False,
+        "source": "gpu_health",
+        "checks": [fm, xid],
+        "warnings": [peermem],
+        "action": "reboot",
+        "reason": "fabric_manager: inactive; xid: XID 79",
+    }
+    assert _readiness.health_reasons(verdict, None, "b1", "p") == [
+        "GPU health failed (gpu_health): fabric_manager: inactive (action: fix the node configuration); "
+        "xid: XID 79 (action: reboot)"
+    ]
+    passed = _verdict.record_of_checks("b1", [ok, peermem])
+    assert (passed["passed"], passed["action"], passed["reason"]) == (True, "none", "every check passed")
+    assert _readiness.health_reasons(passed, None, "b1", "p") == []
+    watched = _verdict.record("b1", [xid, {"name": "odd", "action": "unknown"}], [], _verdict.WATCH_SOURCE, 1.5)
+    assert watched["timestamp"] == 1.5 and watched["source"] == "gpu-health-watch"
+    assert watched["action"] == "reboot" and watched["reason"] == "xid: XID 79; odd: no reason recorded"
+    assert _verdict.strongest_action([{"action": "unknown"}]) == "none"
+    assert list(_verdict.ACTIONS) == [
+        "none",
+        "restart the application",
+        "fix the node configuration",
+        "reset the GPU",
+        "reboot",
+        "drain and inspect the hardware",
+    ]

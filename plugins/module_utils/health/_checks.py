@@ -467,6 +467,25 @@ def check_gpu_count(gpus, pci, expected=None):
     )
 
 
+def check_gpus_kept(gpus, known, expected=None):
+    """The watcher's count check: a GPU that an earlier report of this boot listed and this one
+    lacks fails (a GPU lost off the bus can drop out of ``nvidia-smi -q`` without an Xid line),
+    as does a count other than ``expected``. Same name and actions as :func:`check_gpu_count`."""
+    seen = {g["bus_id"] for g in gpus}
+    missing = sorted(set(known) - seen)
+    problems = []
+    if missing:
+        problems.append(
+            "GPU(s) %s reported earlier this boot are gone from nvidia-smi's report (%d of %d left; fallen off "
+            "the bus, or lost: see the kernel log)" % (", ".join(missing), len(seen), len(set(known) | seen))
+        )
+    if expected is not None and expected != len(seen):
+        problems.append("%d GPU(s) visible to the driver, expected %d" % (len(seen), expected))
+    if problems:
+        return check("gpu_count", FAIL, missing, "; ".join(problems), REBOOT if missing else INSPECT)
+    return check("gpu_count", PASS, [], "%d GPU(s) visible, none lost since the first report" % len(seen))
+
+
 def check_persistence(gpus):
     off = [g["bus_id"] for g in gpus if g.get("persistence_mode") is False]
     if off:

@@ -2,10 +2,13 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
 """A GPU health check's record and the node's verdict: the statuses, the actions a check can call
-for (mildest first), the worst of several.
+for (mildest first), the worst of several, and the GPU health verdict of a boot as it is written
+to ``gpu-health.json``.
 
 Plain Python (no Ansible imports), runs on target Python 3.8+. The checks (``_checks``), the
-module ``gpu_health_info`` and the node's GPU health watcher all speak this vocabulary.
+module ``gpu_health_info`` and the node's GPU health watcher all speak this vocabulary; the
+verdict file's one builder is :func:`record`, its readers are ``nccl/_readiness`` (the module
+``node_readiness_info``, boot validation and the node's HAProxy agent).
 """
 
 from __future__ import annotations
@@ -21,6 +24,11 @@ REBOOT = "reboot"
 INSPECT = "drain and inspect the hardware"
 CONFIGURE = "fix the node configuration"
 ACTIONS = (NONE, RESTART_APP, CONFIGURE, RESET_GPU, REBOOT, INSPECT)
+
+#: Who wrote a verdict (its ``source``): the gpu_health role (the module's full check) or the
+#: node's watcher.
+ROLE_SOURCE = "gpu_health"
+WATCH_SOURCE = "gpu-health-watch"
 
 
 def check(name, status, gpus, reason, action=NONE):
@@ -57,3 +65,45 @@ def verdict(checks):
     failed = [c["name"] for c in checks if c["status"] == FAIL]
     warned = [c["name"] for c in checks if c["status"] == WARN]
     return not failed, failed, warned
+
+
+def strongest_action(checks):
+    """The strongest of the ``action`` of ``checks`` in :data:`ACTIONS` order; ``none`` when none
+    of them names one of :data:`ACTIONS`."""
+    known = [c.get("action") for c in checks if c.get("action") in ACTIONS]
+    return max(known, key=ACTIONS.index) if known else NONE
+
+
+def record(boot_id, failed, warnings, source, timestamp=None):
+    """The GPU health verdict of the boot ``boot_id``, as written to ``gpu-health.json``.
+
+    ``failed`` and ``warnings`` are check records (``name``, ``status``, ``gpus``, ``reason``,
+    ``action``). ``passed`` is a JSON true only when nothing failed: the readers
+    (``nccl/_readiness``) keep the node out on anything else of this boot. ``action`` is the
+    strongest action the failures call for, ``reason`` each failure as ``name: reason``.
+    ``timestamp`` (seconds since the epoch) is written when given (the watcher's verdicts)."""
+    failed, warnings = list(failed), list(warnings)
+    verdict = {
+        "boot_id": boot_id,
+        "passed": not failed,
+        "source": source,
+        "checks": failed,
+        "warnings": warnings,
+        "action": strongest_action(failed),
+        "reason": "; ".join("%s: %s" % (c.get("name") or "?", c.get("reason") or "no reason recorded") for c in failed)
+        if failed
+        else "every check passed",
+    }
+    if timestamp is not None:
+        verdict["timestamp"] = timestamp
+    return verdict
+
+
+def record_of_checks(boot_id, checks, source=ROLE_SOURCE):
+    """:func:`record` of a whole check run (the module's): its failed checks and its warnings."""
+    return record(
+        boot_id,
+        [c for c in checks if c["status"] == FAIL],
+        [c for c in checks if c["status"] == WARN],
+        source,
+    )

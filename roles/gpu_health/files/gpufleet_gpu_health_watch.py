@@ -40,7 +40,6 @@ import types
 
 #: The collection's module_utils, as the role copies them into the lib dir.
 TREE = "ansible_collections/gpufleet/node/plugins/module_utils"
-SOURCE = "gpu-health-watch"
 
 
 def log(message):
@@ -82,18 +81,23 @@ def load_rules(lib_dir):
 
 
 class FileLog:
-    """New complete lines of a kernel-log file, from its start; a file that shrinks or is
-    replaced (a new boot's log) is read again from its start (``reset`` says so)."""
+    """New complete lines of a kernel-log file, from its start. A file that is replaced or shrinks
+    is read again from its start: when it starts with the line the file started with before, it
+    is the same log written again whole (``reset``: judge it anew); when it starts otherwise it
+    was rotated (logrotate's new file, or one emptied by copytruncate) and continues the log, so
+    the events of this boot read so far stand."""
 
     def __init__(self, path):
         self.path = path
         self.handle = None
         self.inode = None
         self.partial = ""
+        self.first = None  # the first line of the file, once read
+        self.at_start = False  # no complete line of the open file read yet
+        self.reopened = False  # the file was replaced or shrank since its first line was read
 
     def read(self):
         """``(lines, reset)``."""
-        reset = False
         try:
             st = os.stat(self.path)
         except OSError:
@@ -101,20 +105,32 @@ class FileLog:
         if self.handle is not None and (st.st_ino != self.inode or st.st_size < self.handle.tell()):
             self.handle.close()
             self.handle = None
-            reset = True
+            self.reopened = self.first is not None
         if self.handle is None:
             try:
                 self.handle = open(self.path, "rb")
             except OSError:
-                return [], reset
+                return [], False
             self.inode = st.st_ino
             self.partial = ""
+            self.at_start = True
         data = self.handle.read()
         if not data:
-            return [], reset
+            return [], False
         text = self.partial + data.decode("utf-8", "replace")
         lines = text.split("\n")
         self.partial = lines.pop()
+        reset = False
+        if lines and self.at_start:
+            self.at_start = False
+            if self.reopened:
+                reset = lines[0] == self.first
+                log(
+                    "the kernel log %s was written again from its first line: judged anew" % self.path
+                    if reset
+                    else "the kernel log %s was rotated: the events of this boot read so far stand" % self.path
+                )
+            self.first, self.reopened = lines[0], False
         return lines, reset
 
 
@@ -173,8 +189,11 @@ class JournalBoot:
 
 class GpuPoller:
     """``nvidia-smi -q`` every ``interval`` seconds in a thread (a slow or hung nvidia-smi never
-    delays the kernel log); ``latest()`` is ``(gpus, error, consecutive errors, whether the error is
-    a report that came back but cannot be trusted)`` of the last poll."""
+    delays the kernel log); ``latest()`` is ``(gpus, error, consecutive errors, whether the error
+    fails at once)`` of the last poll. An error fails at once when no later poll can mend it: a
+    report that came back but cannot be trusted, an nvidia-smi that is not there or cannot run.
+    ``gpus`` is ``[]`` (with its error) when nvidia-smi finds no GPU. ``binary`` None: nvidia-smi
+    is looked up on PATH at each poll."""
 
     def __init__(self, rules, binary, interval, timeout):
         self.rules, self.binary, self.interval, self.timeout = rules, binary, interval, timeout
@@ -200,18 +219,23 @@ class GpuPoller:
 
     def _query(self):
         rules = self.rules
-        argv = [self.binary, "-q"]
+        binary = self.binary or find_nvidia_smi()
+        if binary is None:
+            return None, "nvidia-smi is not on PATH (%s): the GPUs cannot be read" % search_path(), True
+        argv = [binary, "-q"]
         try:
             result = rules._proc.run(argv, self.timeout, environment={"LC_ALL": "C"})
+        except (FileNotFoundError, PermissionError) as exc:
+            return None, "cannot run %s: %s" % (binary, exc), True
         except OSError as exc:
-            return None, "cannot run %s: %s" % (self.binary, exc), False
+            return None, "cannot run %s: %s" % (binary, exc), False
         if result.timed_out:
             return None, rules._proc.describe_timeout(argv, self.timeout), False
         text = (result.stdout or "") + "\n" + (result.stderr or "")
         try:
             rules._nvsmi.check_failure(text)
             if rules._nvsmi.no_devices(text):
-                return None, "`%s` finds no GPU" % " ".join(argv), False
+                return [], "`%s` finds no GPU" % " ".join(argv), False
             if result.rc != 0:
                 return None, "`%s` exited %s: %s" % (" ".join(argv), result.rc, text.strip()[-300:]), False
         except rules._nvsmi.NvidiaSmiError as exc:
@@ -235,15 +259,36 @@ class Watch:
         self.xids, self.sxids = {}, {}
         self.carry = []
         self.bus_ids = []
-        self.written = None
+        self.known = set()  # every GPU nvidia-smi has reported since the watcher started
+        self.written = None  # the failures of the verdict last written
+        self.wrote = None  # that verdict's text, and the text it replaced (None: no file)
+        self.replaced = None
+        self.earlier_boot = False  # events forgotten because the log showed a later boot start
+        self.boot_id = None  # the last boot id read
+        self.boot_id_problem = None
         self.warned = set()
 
+    def forget(self):
+        self.xids, self.sxids, self.carry = {}, {}, []
+
     def feed(self, lines, reset=False):
-        """Take new kernel-log lines (``reset``: a new log, forget the old events)."""
+        """Take new kernel-log lines (``reset``: the log was written again whole, judge it anew).
+        A boot start among them (``_kernel_log.is_boot_start``: the kernel's own banner, or
+        journalctl's boot separator) ends the boot of every event read before it."""
         if reset:
-            self.xids, self.sxids, self.carry = {}, {}, []
+            self.forget()
         if not lines:
             return
+        starts = [n for n, line in enumerate(lines) if self.rules._kernel_log.is_boot_start(line)]
+        if starts:
+            if self.xids or self.sxids:
+                log(
+                    "a boot starts in the kernel log (%s): the events read before it are an earlier boot's"
+                    % lines[starts[-1]].strip()[:120]
+                )
+                self.earlier_boot = True
+            self.forget()
+            lines = lines[starts[-1] :]
         # A few lines of the previous read go again: the loss of a GPU is printed over several
         # lines; events seen twice count once.
         xids, sxids = self.rules._kernel_log.parse_kernel_log("\n".join(self.carry + lines))
@@ -254,7 +299,10 @@ class Watch:
                 code = event["code"] if event["code"] is not None else event["message"]
                 store.setdefault((event["bdf"], code), event)
 
-    def failures(self, gpus, error, errors, malformed=False):
+    def failures(self, gpus, error, errors, at_once=False):
+        """The failed checks of the kernel events so far and of the last poll (``gpus``, its
+        ``error``, ``errors`` failed polls in a row, ``at_once``: an error no later poll mends).
+        ``--once`` has one poll: any error of it fails."""
         checks, kernel_log, verdict = self.rules._checks, self.rules._kernel_log, self.rules._verdict
         if gpus:
             self.bus_ids = [g["bus_id"] for g in gpus]
@@ -268,20 +316,25 @@ class Watch:
             checks.check_xid(fatal_xids, self.bus_ids),
             checks.check_sxid(fatal_sxids, codes),
         ]
-        if gpus is not None:
+        expected = self.args.expect_gpu_count
+        # No GPU reported at all counts as the loss of GPUs once the node had some (or a count is
+        # expected); before that it is an nvidia-smi error like any other.
+        if gpus is not None and (gpus or self.known or expected is not None):
             judged += [
                 checks.check_row_remap(gpus),
                 checks.check_ecc(gpus, self.args.ecc_volatile_uncorrectable_max),
                 checks.check_retired_pages(gpus, self.args.retired_pages_max),
                 checks.check_readable(gpus),
+                checks.check_gpus_kept(gpus, self.known, expected),
             ]
-        elif error and (malformed or errors >= self.args.nvidia_smi_failures):
+            self.known.update(g["bus_id"] for g in gpus)
+        elif error and (at_once or self.args.once or errors >= self.args.nvidia_smi_failures):
             judged.append(
                 verdict.check(
                     "nvidia_smi",
                     verdict.FAIL,
                     [],
-                    error if malformed else "%s (%d polls in a row)" % (error, errors),
+                    error if at_once or errors <= 1 else "%s (%d polls in a row)" % (error, errors),
                     verdict.REBOOT,
                 )
             )
@@ -291,48 +344,92 @@ class Watch:
                 log("GPU health warning, the node stays in rotation: %s: %s" % (c["name"], c["reason"]))
         return [c for c in judged if c["status"] == verdict.FAIL]
 
-    def enforce(self, failed):
-        """Write the failing verdict when there is a failure and the file does not say so."""
-        if not failed:
-            return False
-        rules, path = self.rules, self.args.verdict
+    def read_boot_id(self):
+        """``(boot id, problem)``: the boot id now, else the one read last (a boot id does not
+        change while the watcher runs: a reboot starts it again) with why it could not be read."""
+        path = self.args.boot_id
         try:
-            boot_id = rules._readiness.read_boot_id(self.args.boot_id)
+            self.boot_id = self.rules._readiness.read_boot_id(path)
         except OSError as exc:
-            boot_id = None
-            log("cannot read the boot id at %s: %s" % (self.args.boot_id, exc))
-        current, _problem = rules._readiness.read_health(path)
+            return self.boot_id, "cannot read the boot id at %s: %s" % (path, exc.strerror or exc)
+        return self.boot_id, None
+
+    def read_current(self):
+        """``(verdict, text)`` of the verdict file now: a malformed one is no verdict (it is
+        replaced), ``text`` None when there is no file."""
+        path = self.args.verdict
+        try:
+            with open(path, "rb") as handle:
+                text = handle.read().decode("utf-8", "replace")
+        except OSError:
+            text = None
+        try:
+            current, problem = self.rules._readiness.read_health(path)
+        except RecursionError:
+            current, problem = None, "unreadable GPU health verdict at %s: nested too deep" % path
+        if problem:
+            log("the GPU health verdict at %s is replaced: %s" % (path, problem))
+        return current, text
+
+    def enforce(self, failed):
+        """Write the failing verdict when there is a failure and the file does not say so; take
+        the watcher's own verdict back when its only failures were an earlier boot's events."""
+        if not failed:
+            if self.earlier_boot and self.written is not None:
+                self.withdraw()
+            self.earlier_boot = False
+            return False
+        self.earlier_boot = False
+        rules, path = self.rules, self.args.verdict
+        current, text = self.read_current()
+        boot_id, problem = self.read_boot_id()
+        if problem != self.boot_id_problem:
+            self.boot_id_problem = problem
+            if problem:
+                log(
+                    "%s; the verdict is bound to %s"
+                    % (problem, "the boot id read before, %s" % boot_id if boot_id else "no boot: fix the file")
+                )
+        if boot_id is None:
+            # Unreadable from the start: the verdict says why. The node's HAProxy agent reads the
+            # same file and answers `down` (boot-id-unreadable) while it cannot read it either; a
+            # verdict is bound again, and written again, as soon as the boot id reads.
+            failed = failed + [
+                rules._verdict.check(
+                    "boot_id",
+                    rules._verdict.FAIL,
+                    [],
+                    "%s: this verdict is bound to no boot, and the node's readiness rule counts a verdict "
+                    "of the current boot only; make the boot id readable" % problem,
+                    rules._verdict.INSPECT,
+                )
+            ]
         summary = [(c["name"], c["reason"]) for c in failed]
         if (
             current
             and current.get("boot_id") == boot_id
             and current.get("passed") is False
-            and current.get("source") == SOURCE
+            and current.get("source") == rules._verdict.WATCH_SOURCE
             and self.written == summary
         ):
             return True
         # The failures of this boot that the watcher does not judge (the role's full check: clocks,
         # AER, fabric, ...) stand beside its own until the role judges the node again.
         # Its warnings stay too, and the verdict names the strongest action, as the role's does.
-        own = {c["name"] for c in failed}
+        own = [c["name"] for c in failed]
         standing, warnings = [], []
         if current and current.get("boot_id") == boot_id:
-            warnings = [w for w in current.get("warnings") or [] if w.get("name") not in own]
+            warnings = [w for w in records(current.get("warnings")) if w.get("name") not in own]
             if current.get("passed") is False:
-                standing = [c for c in current.get("checks") or [] if c.get("name") not in own]
-        checks = failed + standing
-        actions = rules._verdict.ACTIONS
-        verdict = {
-            "boot_id": boot_id,
-            "passed": False,
-            "source": SOURCE,
-            "checks": checks,
-            "warnings": warnings,
-            "action": max((c.get("action") for c in checks), key=lambda a: actions.index(a) if a in actions else -1),
-            "reason": "; ".join("%s: %s" % (c["name"], c["reason"]) for c in checks),
-            "timestamp": round(time.time(), 3),
-        }
-        self.rules._atomic.write(path, json.dumps(verdict, indent=2, sort_keys=True) + "\n")
+                standing = [c for c in records(current.get("checks")) if c.get("name") not in own]
+        verdict = rules._verdict.record(
+            boot_id, failed + standing, warnings, rules._verdict.WATCH_SOURCE, timestamp=round(time.time(), 3)
+        )
+        new = json.dumps(verdict, indent=2, sort_keys=True) + "\n"
+        if text != self.wrote:
+            self.replaced = text
+        rules._atomic.write(path, new)
+        self.wrote = new
         if self.written != summary:
             for c in failed:
                 log(
@@ -343,6 +440,37 @@ class Watch:
             log("GPU health verdict at %s was rewritten while the failure stands; written again" % path)
         self.written = summary
         return True
+
+    def withdraw(self):
+        """Put back what the watcher's verdict replaced (or remove it where there was none), when
+        the file still holds that verdict."""
+        path = self.args.verdict
+        _current, text = self.read_current()
+        if text != self.wrote:
+            log(
+                "the failures of the verdict at %s were an earlier boot's; the file changed since: left as it is" % path
+            )
+        elif self.replaced is None:
+            os.unlink(path)
+            log("the failures the watcher wrote were an earlier boot's: its verdict at %s is removed" % path)
+        else:
+            self.rules._atomic.write(path, self.replaced)
+            log("the failures the watcher wrote were an earlier boot's: the verdict it replaced is back at %s" % path)
+        self.written = self.wrote = self.replaced = None
+
+
+def records(value):
+    """The check records of a verdict's list (``checks``, ``warnings``) that are objects: a
+    malformed previous verdict is carried over as far as it can be, never a crash."""
+    return [c for c in value if isinstance(c, dict)] if isinstance(value, list) else []
+
+
+def search_path():
+    return os.environ.get("PATH", "") + ":/usr/bin:/usr/local/bin"
+
+
+def find_nvidia_smi():
+    return shutil.which("nvidia-smi", path=search_path())
 
 
 def parse_args(argv):
@@ -367,11 +495,16 @@ def parse_args(argv):
     )
     parser.add_argument("--retired-pages-max", type=int, help="default: gpu_health_info's")
     parser.add_argument("--sxid-fatal-code", type=int, action="append", default=[])
+    parser.add_argument(
+        "--expect-gpu-count", type=int, help="GPUs nvidia-smi must report (default: those it reported first)"
+    )
     parser.add_argument("--no-gpu-poll", action="store_true", help="follow the kernel log only")
     parser.add_argument("--once", action="store_true", help="judge once (whole log, one poll) and exit")
     args = parser.parse_args(argv)
     if args.log_interval <= 0 or args.gpu_interval <= 0 or args.timeout <= 0 or args.nvidia_smi_failures < 1:
         parser.error("intervals and --timeout must be positive, --nvidia-smi-failures at least 1")
+    if args.expect_gpu_count is not None and args.expect_gpu_count < 1:
+        parser.error("--expect-gpu-count must be at least 1")
     return args
 
 
@@ -397,19 +530,19 @@ def main(argv=None):
         source = JournalBoot(rules, journalctl, args.timeout) if args.once else JournalLog(journalctl)
     poller = None
     if not args.no_gpu_poll:
-        binary = args.nvidia_smi or shutil.which(
-            "nvidia-smi", path=os.environ.get("PATH", "") + ":/usr/bin:/usr/local/bin"
-        )
+        binary = args.nvidia_smi or find_nvidia_smi()
         if binary is None:
-            log("nvidia-smi is not on PATH: give --nvidia-smi PATH, or --no-gpu-poll")
-            return 2
-        poller = GpuPoller(rules, binary, args.gpu_interval, args.timeout)
+            log(
+                "nvidia-smi is not on PATH (%s): the GPUs count as unreadable (failing) until it is; the kernel "
+                "log is followed all the same (give --nvidia-smi PATH, or --no-gpu-poll)" % search_path()
+            )
+        poller = GpuPoller(rules, args.nvidia_smi, args.gpu_interval, args.timeout)
     watch = Watch(rules, args)
     log(
         "watching %s%s; verdict at %s"
         % (
             args.kernel_log or "the kernel journal of this boot",
-            " and `%s -q` every %g s" % (poller.binary, args.gpu_interval) if poller else "",
+            " and `%s -q` every %g s" % (poller.binary or "nvidia-smi", args.gpu_interval) if poller else "",
             args.verdict,
         )
     )

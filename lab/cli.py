@@ -9,6 +9,7 @@ import sys
 
 from .fleet import BOOT_TIMEOUT, DEFAULT_INVENTORY, DEFAULT_PROFILES, STATE_ENV, Fleet
 from .preflight import LabError
+from .rootfs import HOST_RELEASE, RELEASES
 
 
 def _profiles(text):
@@ -43,6 +44,13 @@ def parser():
     )
     up.add_argument(
         "--profiles", type=_profiles, metavar="P1,P2,...", help=f"node profiles (default {','.join(DEFAULT_PROFILES)})"
+    )
+    up.add_argument(
+        "--os",
+        type=_profiles,
+        metavar="R1,R2,...",
+        help=f"the nodes' Debian releases, in turn (of {', '.join(RELEASES)}; default {HOST_RELEASE}, the "
+        "controller's own root); another release's root filesystem is built by debootstrap once and cached",
     )
     up.add_argument("--inventory", metavar="FILE", help="write the inventory here instead")
     up.add_argument(
@@ -101,10 +109,11 @@ def _print_status(st):
         print(f"lab: down (state directory {st['state_dir']})")
         return
     print(f"lab at {st['state_dir']} (subnet {st['subnet']})")
-    print(f"  {'NODE':<8} {'ADDRESS':<15} {'PROFILE':<18} {'STATE':<12} REGISTER")
+    print(f"  {'NODE':<8} {'ADDRESS':<15} {'PROFILE':<18} {'OS':<26} {'STATE':<12} REGISTER")
     for n in st["nodes"]:
+        os_name = f"{n['os']} (Python {n['python'] or '?'})"
         print(
-            f"  {n['name']:<8} {n['address']:<15} {n['profile']:<18} {n['state']:<12} "
+            f"  {n['name']:<8} {n['address']:<15} {n['profile']:<18} {os_name:<26} {n['state']:<12} "
             f"{'yes' if n['expect_registered'] else 'no (must stay out)'}"
         )
     b = st["balancer"]
@@ -167,7 +176,13 @@ def main(argv=None):
     fleet = Fleet(args.state_dir)
     try:
         if args.verb == "up":
-            fleet.up(nodes=args.nodes, profiles=args.profiles, inventory=args.inventory, timeout=args.timeout)
+            fleet.up(
+                nodes=args.nodes,
+                profiles=args.profiles,
+                inventory=args.inventory,
+                timeout=args.timeout,
+                releases=args.os,
+            )
         elif args.verb == "down":
             fleet.down()
         elif args.verb == "reboot":

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import lab.hwmodel as hw
 
-from . import llamacpp, preflight
+from . import llamacpp, preflight, rootfs
 from .balancer import Balancer
 from .machine import HW_IN_NODE, SSH_PORT, Machine, cgroup_pids, remove_cgroup, ssh_keygen
 from .preflight import LabError
@@ -90,6 +90,16 @@ def plan(nodes=None, profiles=None):
     if not 1 <= count <= 63:
         raise LabError(f"--nodes must be between 1 and 63, not {count}")
     return [(f"node{i + 1}", profiles[i % len(profiles)]) for i in range(count)]
+
+
+def plan_releases(count, releases=None):
+    """The Debian release of each of ``count`` nodes for `--os r1,r2,...` (cycled; default the
+    controller's own, bookworm, whose nodes run on the controller's root)."""
+    releases = list(releases) if releases else [rootfs.HOST_RELEASE]
+    unknown = [r for r in releases if r not in rootfs.RELEASES]
+    if unknown:
+        raise LabError(f"unknown --os {', '.join(unknown)}; the lab's nodes run: {', '.join(rootfs.RELEASES)}")
+    return [releases[i % len(releases)] for i in range(count)]
 
 
 def node_wheelhouse():
@@ -211,12 +221,13 @@ class Fleet:
                 return net
         raise LabError(f"no free /24 left in {NETWORK} on this host for the lab's node links")
 
-    def _node_spec(self, index, name, profile, subnet):
+    def _node_spec(self, index, name, profile, subnet, release=rootfs.HOST_RELEASE):
         link = list(subnet.subnets(new_prefix=30))[index]
         gateway, address = list(link.hosts())
         return {
             "name": name,
             "profile": profile,
+            "os": release,
             "index": index,
             "address": str(address),
             "gateway": str(gateway),
@@ -227,10 +238,14 @@ class Fleet:
         }
 
     # --- verbs ----------------------------------------------------------------------------------
-    def up(self, nodes=None, profiles=None, inventory=None, timeout=BOOT_TIMEOUT, log=print):
+    def up(self, nodes=None, profiles=None, inventory=None, timeout=BOOT_TIMEOUT, log=print, releases=None):
         preflight.require_root()
         wanted = plan(nodes, profiles)
+        oses = plan_releases(len(wanted), releases)
         self._progs = preflight.check()
+        # Trees of other releases: built once (minutes), then cached; before anything is changed.
+        for release in sorted(set(oses) - {rootfs.HOST_RELEASE}):
+            rootfs.ensure(release, log=log)
         with self.locked("up"):
             alive = self.running()
             if alive:
@@ -252,7 +267,7 @@ class Fleet:
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "ssh_key": str(self.key),
                 "hw_in_node": HW_IN_NODE,
-                "nodes": [self._node_spec(i, n, p, subnet) for i, (n, p) in enumerate(wanted)],
+                "nodes": [self._node_spec(i, n, p, subnet, oses[i]) for i, (n, p) in enumerate(wanted)],
                 "balancer": Balancer.describe(self.state),
                 "prometheus": Prometheus.describe(self.state),
             }
@@ -413,6 +428,8 @@ class Fleet:
                     "address": spec["address"],
                     "ssh_port": spec["ssh_port"],
                     "profile": spec["profile"],
+                    "os": m.os,
+                    "python": rootfs.python_version(m.os),
                     "state": state,
                     "expect_registered": spec["expect_registered"],
                     "boot_id": m.boot_id() if m.hw_dir.exists() else None,
@@ -455,6 +472,7 @@ class Fleet:
                 "ansible_host": spec["address"],
                 "ansible_port": spec["ssh_port"],
                 "lab_profile": spec["profile"],
+                "lab_os": spec.get("os", rootfs.HOST_RELEASE),
                 "lab_expect_registered": spec["expect_registered"],
                 "lab_hw_root": str(self.state / "nodes" / spec["name"] / "hw"),
                 # The balancer (the host's HAProxy) reaches each node from the host's end of its

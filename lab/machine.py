@@ -30,7 +30,7 @@ from pathlib import Path
 
 import lab.hwmodel as hw
 
-from . import prometheus
+from . import prometheus, rootfs
 from .preflight import LabError
 from .procs import starttime as _starttime
 
@@ -38,6 +38,12 @@ HW_IN_NODE = "/lab/hw"
 LAB_PACKAGE = Path(__file__).resolve().parent
 STANDINS = LAB_PACKAGE / "bin"
 SSH_PORT = 22
+# The stand-ins run under the lab's own interpreter, never the node's: a node of the controller's
+# release has it at its own /usr/bin/python3; on a node of another release the controller's /usr
+# is bound read-only here (not on any PATH), and each stand-in on the node's PATH is a wrapper that
+# runs it with the controller's dynamic loader and libraries (the node's glibc may be older).
+LAB_USR_IN_NODE = "/lab/controller/usr"
+LAB_PYTHON = "/usr/bin/python3"
 
 # Units of the host's Debian that cannot work, or have no business, in a lab node.
 MASKED_UNITS = (
@@ -75,7 +81,13 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 UseDNS no
 MaxStartups 64:30:128
-SetEnv {env}={hw}
+"""
+SSHD_SETENV = "SetEnv {env}={hw}\n"
+STANDIN_WRAPPER = """\
+#!/bin/sh
+# Written by the gpufleet lab (lab/machine.py): {name} runs under the lab's own Python, bound
+# read-only at {usr} with its loader and libraries, not under this node's python3.
+exec {loader} --library-path {libs} {python} -I {script} "$@"
 """
 
 
@@ -104,6 +116,12 @@ class Machine:
         self.upper = self.dir / "upper"
         self.console = self.dir / "console.log"
         self.run_file = self.dir / "run.json"
+        self.os = spec.get("os", rootfs.HOST_RELEASE)
+
+    @property
+    def lower(self):
+        """The overlay's lower layer: the controller's root, or the release's own tree."""
+        return Path("/") if self.os == rootfs.HOST_RELEASE else rootfs.path(self.os) / "root"
 
     # --- the node's disk ------------------------------------------------------------------------
     def create(self):
@@ -116,10 +134,12 @@ class Machine:
         up = self.upper
         env = f"{hw.ROOT_ENV}={HW_IN_NODE}"
         _write(up / "etc/hostname", self.name + "\n")
-        hosts = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else "127.0.0.1\tlocalhost\n"
+        lower = self.lower
+        hosts_file = lower / "etc/hosts"
+        hosts = hosts_file.read_text() if hosts_file.exists() else "127.0.0.1\tlocalhost\n"
         _write(up / "etc/hosts", hosts.rstrip("\n") + f"\n127.0.1.1\t{self.name}\n")
         _write(up / "etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
-        environment = Path("/etc/environment")
+        environment = lower / "etc/environment"
         base = environment.read_text() if environment.exists() else ""
         _write(up / "etc/environment", (base.rstrip("\n") + "\n" if base.strip() else "") + env + "\n")
         _write(
@@ -133,7 +153,8 @@ class Machine:
             os.symlink("/dev/null", units / unit)
         hw.units.install(hw.Node.load(self.hw_dir), up)  # the hardware's services (fabric manager)
         prometheus.install_node_exporter(up, self.spec["address"])  # textfile collector on the roles' dir
-        _write(up / "etc/ssh/sshd_config.d/gpufleet-lab.conf", SSHD_CONFIG.format(env=hw.ROOT_ENV, hw=HW_IN_NODE))
+        sshd = SSHD_CONFIG + (SSHD_SETENV if rootfs.RELEASES[self.os]["sshd_setenv"] else "")
+        _write(up / "etc/ssh/sshd_config.d/gpufleet-lab.conf", sshd.format(env=hw.ROOT_ENV, hw=HW_IN_NODE))
         key = up / "etc/ssh/ssh_host_ed25519_key"
         ssh_keygen(self.fleet.progs, f"root@{self.name}", key)
         # root's home is the node's own (opaque over the host's): a fresh image's dotfiles only.
@@ -141,7 +162,7 @@ class Machine:
         home.mkdir(mode=0o700)
         os.setxattr(home, "trusted.overlay.opaque", b"y")
         for dotfile in (".bashrc", ".profile"):
-            skel = Path("/etc/skel") / dotfile
+            skel = lower / "etc/skel" / dotfile
             if skel.exists():
                 shutil.copyfile(skel, home / dotfile)
         ssh_dir = home / ".ssh"
@@ -150,16 +171,43 @@ class Machine:
         _write(ssh_dir / "authorized_keys", self.fleet.public_key(), 0o600)
 
     def link_standins(self):
-        """Put every stand-in of <repo>/lab/bin on the node's PATH (/usr/local/bin)."""
+        """Put every stand-in of <repo>/lab/bin on the node's PATH (/usr/local/bin): a link on a
+        node of the controller's release, a wrapper running the lab's Python on any other."""
         target_dir = self.upper / "usr/local/bin"
         target_dir.mkdir(parents=True, exist_ok=True)
         for entry in target_dir.iterdir():
             if entry.is_symlink() and os.readlink(entry).startswith(str(STANDINS) + "/"):
                 entry.unlink()
-        if STANDINS.is_dir():
-            for prog in sorted(STANDINS.iterdir()):
-                if prog.is_file() and os.access(prog, os.X_OK) and not prog.name.startswith("."):
+            elif entry.is_file() and entry.read_bytes().startswith(b"#!/bin/sh\n# Written by the gpufleet lab"):
+                entry.unlink()
+        if not STANDINS.is_dir():
+            return
+        for prog in sorted(STANDINS.iterdir()):
+            if prog.is_file() and os.access(prog, os.X_OK) and not prog.name.startswith("."):
+                if self.os == rootfs.HOST_RELEASE:
                     os.symlink(prog, target_dir / prog.name)
+                else:
+                    _write(target_dir / prog.name, self._standin_wrapper(prog), 0o755)
+
+    @staticmethod
+    def _standin_wrapper(prog):
+        python = Path(os.path.realpath(LAB_PYTHON))
+        loader = Path(os.path.realpath("/lib64/ld-linux-x86-64.so.2"))
+        for path in (python, loader):
+            if not path.is_relative_to("/usr"):
+                raise LabError(f"the lab's Python needs a merged /usr on the controller: {path} is outside /usr")
+
+        def in_node(path):
+            return LAB_USR_IN_NODE + str(path)[len("/usr") :]
+
+        return STANDIN_WRAPPER.format(
+            name=prog.name,
+            usr=LAB_USR_IN_NODE,
+            loader=in_node(loader),
+            libs=in_node(loader.parent),
+            python=in_node(python),
+            script=prog,
+        )
 
     # --- boots ----------------------------------------------------------------------------------
     @property
@@ -174,6 +222,9 @@ class Machine:
             "hw_dir": str(self.hw_dir),
             "hw_in_node": HW_IN_NODE,
             "root_env": hw.ROOT_ENV,
+            # the overlay's lower layer; on a node of another release, the lab's Python bound in
+            "lower": str(self.lower),
+            "lab_usr": None if self.os == rootfs.HOST_RELEASE else {"source": "/usr", "target": LAB_USR_IN_NODE},
             "lab_package": str(LAB_PACKAGE),
             # A real node sees neither the controller's checkout nor its venv (boot validation runs
             # the runtime site.yml installed): hidden under an empty read-only tmpfs, the lab

@@ -5,7 +5,8 @@
 with the node's directory as its only argument.  Still seeing the host's files (through a private
 copy of the mount table), it assembles the node's root:
 
-    <node>/root          overlay: lower /, upper <node>/upper, work <node>/work
+    <node>/root          overlay: lower / (or a tree of another Debian release, lab/rootfs.py),
+                         upper <node>/upper, work <node>/work
       /proc /sys         fresh procfs (this PID namespace), read-only sysfs (this net namespace)
       /sys/fs/cgroup     cgroup2, rooted at the node's own cgroup (cgroup namespace)
       /dev               tmpfs with a few device nodes bound from the host, own devpts, shm
@@ -15,6 +16,8 @@ copy of the mount table), it assembles the node's root:
       /proc/cmdline, /proc/sys/kernel/random/boot_id   the simulated machine's, bound read-only
       /proc/sys (but /proc/sys/net), /proc/sysrq-trigger, ...   read-only: they are the host's kernel
       <repo>/lab         the repository's lab package, read-only (stand-ins on the node's PATH)
+      /lab/controller/usr  on a node of another release: the controller's /usr, read-only (the
+                         stand-ins run under the lab's Python, not the node's)
       <checkout> <venv>  hidden under an empty read-only tmpfs (but <repo>/lab): a real node has
                          neither; boot validation runs the runtime site.yml installed on the node
 
@@ -79,7 +82,8 @@ def assemble(cfg):
     node, root = cfg["node_dir"], cfg["root"]
     # Nothing mounted below may propagate back to the host, whatever unshare defaulted to.
     run("mount", "--make-rprivate", "/")
-    mount("overlay", "overlay", root, f"lowerdir=/,upperdir={node}/upper,workdir={node}/work")
+    lower = cfg.get("lower", "/")
+    mount("overlay", "overlay", root, f"lowerdir={lower},upperdir={node}/upper,workdir={node}/work")
     mount("proc", "proc", f"{root}/proc", "nosuid,nodev,noexec")
     mount("sysfs", "sysfs", f"{root}/sys", "ro,nosuid,nodev,noexec")
     mount("cgroup2", "cgroup2", f"{root}/sys/fs/cgroup", "nosuid,nodev,noexec")
@@ -137,6 +141,8 @@ def assemble(cfg):
                     open(root + item, "a").close()
             run("mount", "-o", "remount,ro", root + path)
     bind(cfg["lab_package"], root + cfg["lab_package"], readonly=True)
+    if cfg.get("lab_usr"):
+        bind(cfg["lab_usr"]["source"], root + cfg["lab_usr"]["target"], readonly=True)
     for item in cfg.get("lab_files", ()):
         bind(item, root + item, readonly=True)
 

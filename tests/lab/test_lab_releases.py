@@ -1,0 +1,126 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Lab nodes of other Debian releases (`lab up --os`): each boots on its release's own root
+filesystem (lab/rootfs.py), shares nothing with the controller's, and still runs the stand-ins
+(under the lab's own Python, bound in), and `lab status --json` names its `os` and `python`.
+
+On a lab of its own (module scope): node1 trixie, node2 bullseye, both ``l40s-4x-switch``; the
+planning of `--os` (a list cycled over the nodes, bookworm by default) is checked without a lab.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+
+import pytest
+
+from lab import rootfs
+from lab.fleet import plan_releases
+from lab.preflight import LabError
+from tests import support
+
+RELEASES = ("trixie", "bullseye")
+PROFILE = "l40s-4x-switch"
+#: What /etc/os-release and python3 of each release say (Debian 13: 3.13, Debian 11: 3.9).
+EXPECTED = {"trixie": ("13", "3.13."), "bullseye": ("11", "3.9.")}
+
+
+def test_plan_cycles_the_releases_over_the_nodes():
+    assert plan_releases(3, ["bookworm", "trixie"]) == ["bookworm", "trixie", "bookworm"]
+
+
+def test_plan_defaults_to_the_controllers_release():
+    assert plan_releases(2) == ["bookworm", "bookworm"]
+
+
+def test_plan_refuses_an_unknown_release():
+    with pytest.raises(LabError, match=r"unknown --os buster; the lab's nodes run: bullseye, bookworm, trixie"):
+        plan_releases(1, ["trixie", "buster"])
+
+
+def test_node_spec_names_its_release(tmp_path):
+    import ipaddress
+
+    from lab.fleet import Fleet
+
+    net = ipaddress.ip_network("10.213.7.0/24")
+    assert Fleet(tmp_path)._node_spec(0, "node1", PROFILE, net, "bullseye")["os"] == "bullseye"
+    assert Fleet(tmp_path)._node_spec(1, "node2", PROFILE, net)["os"] == "bookworm"
+
+
+class ReleasesLab(support.SessionLab):
+    def up(self):
+        self.cli("down", check=False)
+        shutil.rmtree(self.state, ignore_errors=True)
+        t0 = time.monotonic()
+        # a root filesystem not cached yet is built first (about 2 minutes; setup.sh starts them)
+        self.cli("up", "--profiles", ",".join(self.profiles), "--os", ",".join(RELEASES), timeout=900)
+        self.up_seconds = time.monotonic() - t0
+        support.LAB_TIMINGS.append((f"lab up --os {','.join(RELEASES)}", self.up_seconds, 0))
+
+
+@pytest.fixture(scope="module")
+def releases_lab():
+    with support.own_lab([PROFILE] * len(RELEASES), "releases", lab_class=ReleasesLab) as lab:
+        yield lab
+
+
+def _in_node(lab, node, *argv):
+    proc = lab.fleet.machine(node).nsenter(*argv, timeout=60)
+    assert proc.returncode == 0, f"{node}: {argv} exited {proc.returncode}: {proc.stdout}{proc.stderr}"
+    return proc.stdout
+
+
+@pytest.mark.needs_lab
+def test_status_names_each_nodes_release_and_python(releases_lab):
+    status = json.loads(releases_lab.cli("status", "--json").stdout)
+    nodes = {n["name"]: n for n in status["nodes"]}
+    for i, release in enumerate(RELEASES):
+        node = nodes[f"node{i + 1}"]
+        assert node["os"] == release
+        assert node["python"] == rootfs.built(release)["python"]
+        assert node["python"].startswith(EXPECTED[release][1])
+        assert node["state"] == "running", node
+    text = releases_lab.cli("status").stdout
+    assert f"trixie (Python {nodes['node1']['python']})" in text
+
+
+@pytest.mark.needs_lab
+@pytest.mark.parametrize("index", range(len(RELEASES)), ids=RELEASES)
+def test_node_runs_its_release_and_shares_nothing_with_the_controller(releases_lab, index):
+    node, release = f"node{index + 1}", RELEASES[index]
+    os_release = _in_node(releases_lab, node, "cat", "/etc/os-release")
+    assert f'VERSION_ID="{EXPECTED[release][0]}"' in os_release.splitlines()
+    assert f"VERSION_CODENAME={release}" in os_release.splitlines()
+    assert _in_node(
+        releases_lab, node, "python3", "-c", "import platform; print(platform.python_version())"
+    ).startswith(EXPECTED[release][1])
+    # Programs of the controller's root (its HAProxy, Prometheus) and what the roles install
+    # (pciutils, the node exporter) are not there before a role installs them.
+    absent = _in_node(
+        releases_lab,
+        node,
+        "sh",
+        "-c",
+        "for p in haproxy prometheus lspci setpci prometheus-node-exporter debootstrap; do "
+        "command -v $p >/dev/null || echo $p; done",
+    )
+    assert absent.split() == ["haproxy", "prometheus", "lspci", "setpci", "prometheus-node-exporter", "debootstrap"]
+    assert _in_node(releases_lab, node, "systemctl", "is-system-running").strip() == "running"
+    # The node's only apt source is its local archive of the release's packages the roles install.
+    plan_ = _in_node(releases_lab, node, "apt-get", "-s", "-q", "install", *rootfs.ROLE_PACKAGES)
+    assert "Inst pciutils" in plan_ and "gpufleet-lab" in plan_
+
+
+@pytest.mark.needs_lab
+@pytest.mark.parametrize("index", range(len(RELEASES)), ids=RELEASES)
+def test_standins_run_under_the_labs_python(releases_lab, index):
+    node = f"node{index + 1}"
+    listing = _in_node(releases_lab, node, "nvidia-smi", "-L")
+    assert listing.count("NVIDIA L40S") == 4, listing
+    wrapper = _in_node(releases_lab, node, "cat", "/usr/local/bin/nvidia-smi")
+    assert "/lab/controller/usr/bin/python3" in wrapper and "--library-path" in wrapper
+    # the controller's /usr is read-only in the node
+    proc = releases_lab.fleet.machine(node).nsenter("touch", "/lab/controller/usr/gpufleet-write-test", timeout=30)
+    assert proc.returncode != 0 and "Read-only file system" in proc.stderr

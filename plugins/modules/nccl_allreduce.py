@@ -81,11 +81,10 @@ options:
     description:
       - With O(min_busbw_gbps=auto), the physics floor is the expected bus bandwidth times this.
         It decides alone until the peer baseline has O(baseline_min_samples) nodes.
-      - 0.85 catches every fault the model knows (ACS redirect about x0.5, a GPU at x8 x0.5,
-        copies through host memory x0.72) with room for the model's error across platforms
-        (the lab's healthy PCIe nodes reach 0.94-0.95 of the model); the peers judge closer.
+      - Unset, the module's default, chosen to catch every fault the model knows (ACS redirect, a
+        GPU at x8, copies through host memory) with room for the model's error across platforms;
+        the figure and its reasoning are in the collection's docs/gate.md (the physics floor).
     type: float
-    default: 0.85
   baselines:
     description:
       - "The peer baselines, as M(gpufleet.node.nccl_baseline) with C(state=read) returns them in its
@@ -97,12 +96,11 @@ options:
   baseline_fraction:
     description:
       - With a baseline, the threshold is at least this times the median of the peers.
-      - "0.96: Azure's HPC health checks gate 8x H100 at 460 GB/s, about 96 % of the 475-480
-        healthy systems reach; healthy nodes spread about 1 % between runs and nodes at large
-        messages (the lab's eight H100 nodes: see the README), four standard deviations above
-        0.96, and one NVLink of 18 down costs 5.6 %, under 0.96 on any node."
+      - Unset, the module's default, from Azure's HPC health checks (8x H100 gated at 460 GB/s,
+        about 96 % of what healthy systems reach), between the healthy spread (about 1 % at large
+        messages) and one NVLink of 18 down (5.6 %); the figure and its reasoning are in the
+        collection's docs/gate.md (why the peers' fraction).
     type: float
-    default: 0.96
   baseline_min_samples:
     description: Peers of the same design the baseline needs before it counts.
     type: int
@@ -112,8 +110,29 @@ options:
     type: int
     default: 50
   host:
-    description: This node's name in the baseline store (its own figures are not its peers).
+    description:
+      - This node's name in the baseline store (its own figures are not its peers), and the
+        C(host) of RV(verdict).
     type: str
+  record:
+    description:
+      - What the records of this run (RV(verdict), RV(marker)) carry that only the caller knows.
+        Role M(gpufleet.node.nccl_gate) passes them and writes the records as they come back.
+    type: dict
+    default: {}
+    suboptions:
+      boot_id:
+        description: The boot the verdict holds for (the boot id read before measuring).
+        type: str
+      result_path:
+        description: Where the full result (RV(verdict)) is written; the marker names it.
+        type: str
+      serving_backend:
+        description: The serving backend chosen for the node (C(vllm) or C(llamacpp)).
+        type: str
+      serving_backend_reason:
+        description: Why that backend was chosen.
+        type: str
   sysfs_path:
     description:
       - The sysfs PCI tree the RDMA NICs of the design key are read from. Default the tree the
@@ -193,8 +212,9 @@ notes:
   - Run it on idle GPUs (before the inference server starts, or with it stopped); a busy GPU
     measures low and fails the gate.
   - Bus bandwidth for all-reduce is algbw x 2(n-1)/n, comparable across GPU counts.
-  - The role C(gpufleet.node.nccl_gate) runs this module and records the verdict as a
-    readiness marker for the current boot, a JSON file and Prometheus metrics.
+  - The role C(gpufleet.node.nccl_gate) runs this module and writes the verdict it returns
+    (RV(marker), RV(verdict)) as a readiness marker for the current boot and a JSON file, with
+    Prometheus metrics.
   - The run does not go through C(run_command), which has no timeout; it starts in a new
     session so that a hung test and every process it forked can be killed together.
   - "Output read: the C(#wrong) (nccl-tests 2.13 and later) or C(error) column, with or without
@@ -384,25 +404,62 @@ stdout:
   description: Output (stdout and stderr together) of the last run, on failure only.
   returned: failure
   type: str
+verdict:
+  description:
+    - The full result as role M(gpufleet.node.nccl_gate) writes it (JSON, keys sorted), on
+      success and on failure alike (kind C(error) with the message as the reason when the gate
+      could not run). Its fields are listed in one place, the collection's docs/gate.md (the
+      verdict and the readiness marker).
+  returned: always
+  type: dict
+marker:
+  description:
+    - The readiness marker of this boot, ready to write (JSON, keys sorted), on success and on
+      failure alike; what M(gpufleet.node.node_readiness_info) and the node's HAProxy agent
+      read. Its fields are listed in one place, the collection's docs/gate.md.
+  returned: always
+  type: dict
 """
 
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.common.process import get_bin_path
 
-from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _baseline, _command, _gate, _threshold
+from ansible_collections.gpufleet.node.plugins.module_utils.nccl import (
+    _baseline,
+    _command,
+    _gate,
+    _readiness,
+    _threshold,
+)
 
 SEARCH_DIRS = ["/usr/local/bin", "/opt/nccl-tests/build", "/usr/local/nccl-tests/build"]
+
+
+def _records(module, result):
+    """``result`` with the records to write (``verdict``, ``marker``) built from it."""
+    verdict, marker = _readiness.gate_records(result, module.params["host"], **module.params["record"])
+    return dict(result, verdict=verdict, marker=marker)
+
+
+def _fail(module, msg, **result):
+    """Fail the task with ``msg``; the records say so too (kind ``error`` without a verdict)."""
+    module.fail_json(**_records(module, dict(result, msg=msg)))
 
 
 def _binary(module, binary):
     """The path of all_reduce_perf: looked up (PATH and SEARCH_DIRS) when a bare name."""
     if os.sep not in binary:
-        return module.get_bin_path(binary, required=True, opt_dirs=SEARCH_DIRS)
+        try:
+            return get_bin_path(binary, opt_dirs=SEARCH_DIRS)
+        except ValueError as e:
+            _fail(module, str(e))
     if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
-        module.fail_json(
-            msg=f"{binary} is not an executable file: build nccl-tests "
-            "(make -C nccl-tests) or point binary at all_reduce_perf"
+        _fail(
+            module,
+            f"{binary} is not an executable file: build nccl-tests "
+            "(make -C nccl-tests) or point binary at all_reduce_perf",
         )
     return binary
 
@@ -413,12 +470,22 @@ def main():
             topology=dict(type="dict"),
             binary=dict(type="path", default="all_reduce_perf"),
             min_busbw_gbps=dict(type="str", default="auto"),
-            threshold_fraction=dict(type="float", default=_threshold.DEFAULT_THRESHOLD_FRACTION),
+            threshold_fraction=dict(type="float"),
             baselines=dict(type="dict", default={}),
-            baseline_fraction=dict(type="float", default=_threshold.DEFAULT_FRACTION),
+            baseline_fraction=dict(type="float"),
             baseline_min_samples=dict(type="int", default=_threshold.DEFAULT_MIN_SAMPLES),
             baseline_window=dict(type="int", default=_baseline.DEFAULT_WINDOW),
             host=dict(type="str"),
+            record=dict(
+                type="dict",
+                default={},
+                options=dict(
+                    boot_id=dict(type="str"),
+                    result_path=dict(type="str"),
+                    serving_backend=dict(type="str"),
+                    serving_backend_reason=dict(type="str"),
+                ),
+            ),
             sysfs_path=dict(type="path"),
             gpus=dict(type="int"),
             min_bytes=dict(type="str", default="256M"),
@@ -436,7 +503,7 @@ def main():
     try:
         plan = _gate.prepare(p, module.warn)
     except _gate.GateError as e:
-        module.fail_json(msg=str(e))
+        _fail(module, str(e))
     argv = _command.build_argv(
         _binary(module, p["binary"]),
         plan["min_bytes"],
@@ -449,11 +516,11 @@ def main():
     )
     result = _gate.planned_result(plan, argv)
     if module.check_mode:
-        module.exit_json(**_gate.check_mode(result))
+        module.exit_json(**_records(module, _gate.check_mode(result)))
     result, stdout, failure = _gate.measure(plan, argv, result, p)
     if failure:
-        module.fail_json(msg=failure, stdout=stdout, **result)
-    module.exit_json(**result)
+        _fail(module, failure, stdout=stdout, **result)
+    module.exit_json(**_records(module, result))
 
 
 if __name__ == "__main__":

@@ -164,3 +164,19 @@ def test_auto_without_topology_stops_in_preflight(ansible_env, tmp_path, lab_nod
     assert recap["seed000"]["failed"] == 1
     assert "nccl_gate_min_busbw_gbps is auto but nccl_gate_topology has no GPUs" in proc.stdout
     assert not fleet.state("seed000").exists()
+
+
+def test_a_gate_that_could_not_run_is_recorded_as_an_error_and_stops_the_host(ansible_env, tmp_path, lab_node):
+    # A fixed threshold with neither topology facts nor a GPU count: the module refuses its
+    # arguments before it can build the records; the role builds them with the same builder.
+    fleet = Fleet(tmp_path, lab_node, {"seed000": "l40s-4x-switch"})
+    proc, recap = fleet.run(ansible_env, nccl_gate_topology={}, nccl_gate_min_busbw_gbps="22")
+    assert proc.returncode == 2 and recap["seed000"]["failed"] == 1, proc.stdout + proc.stderr
+    marker = fleet.marker("seed000")
+    assert marker["kind"] == "error" and marker["passed"] is False
+    assert "one of the following is required: gpus, topology" in marker["reason"]
+    assert marker["boot_id"] == fleet.boot_id("seed000") and marker["judged_busbw_gbps"] is None
+    assert marker["result_path"].endswith("var/lib/gpufleet/nccl-gate.json")
+    result = fleet.result("seed000")
+    assert result["host"] == "seed000" and result["kind"] == "error" and result["rows"] == []
+    assert fleet.metrics("seed000")["gpufleet_nccl_gate_passed"] == [({"kind": "error"}, 0.0)]

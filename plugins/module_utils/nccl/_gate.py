@@ -108,11 +108,23 @@ def baseline_result(decision):
     )
 
 
+def with_rule_defaults(p):
+    """``p`` with the threshold rule's own fractions where an option is unset (None): each
+    default is written once, in ``_threshold``."""
+    defaults = dict(
+        threshold_fraction=_threshold.DEFAULT_THRESHOLD_FRACTION,
+        baseline_fraction=_threshold.DEFAULT_FRACTION,
+    )
+    return dict(p, **{name: value for name, value in defaults.items() if p.get(name) is None})
+
+
 def prepare(p, warn):
-    """Everything known before measuring, from the module's parameters ``p``: a dict with
+    """Everything known before measuring, from the module's parameters ``p`` (an unset fraction is
+    the rule's default, ``with_rule_defaults``): a dict with
     ``environment``, ``topology``, ``min_bytes``, ``max_bytes``, ``gpus``, ``design_key``,
     ``design``, ``expected``, ``model``, ``decision`` and ``threshold``. ``warn(text)`` gets the
     warnings; a GateError says why the gate cannot run."""
+    p = with_rule_defaults(p)
     environment = p["environment"] or {}
     topology = p["topology"]
 

@@ -13,6 +13,10 @@ gpu_health role at every boot and by the node's gpufleet-gpu-health-watch when a
 serving) counts only when it carries the current boot id: then anything but ``"passed": true``
 keeps the node out, as does a verdict file that cannot be read. No verdict, or one of an earlier
 boot, leaves the decision to the gate's marker.
+
+The records the gate writes are built here too, beside the rule that reads them (``gate_records``:
+the full result and the marker, from the ``nccl_allreduce`` result); their fields are listed in
+docs/gate.md, which a unit test keeps equal to ``RESULT_FIELDS`` and ``MARKER_FIELDS``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,92 @@ import os
 
 #: The GPU health verdict's file name, beside the gate's marker.
 HEALTH_FILE = "gpu-health.json"
+
+#: The full result's fields (role nccl_gate writes it to nccl_gate_result_path).
+RESULT_FIELDS = (
+    "host",
+    "boot_id",
+    "passed",
+    "kind",
+    "reason",
+    "judged_busbw_gbps",
+    "threshold_gbps",
+    "expected_busbw_gbps",
+    "model",
+    "design_key",
+    "design",
+    "rule",
+    "physics_floor_gbps",
+    "baseline",
+    "avg_busbw_gbps",
+    "out_of_bounds",
+    "rows",
+    "runs",
+    "cmd",
+    "rc",
+    "duration_s",
+    "timestamp",
+)
+#: The readiness marker's fields: what the rule below reads (``boot_id``, ``passed``, ``reason``),
+#: the verdict in short, the serving choice and where the full result is.
+MARKER_FIELDS = (
+    "boot_id",
+    "passed",
+    "kind",
+    "judged_busbw_gbps",
+    "threshold_gbps",
+    "design_key",
+    "rule",
+    "timestamp",
+    "reason",
+    "serving_backend",
+    "serving_backend_reason",
+    "result_path",
+)
+#: The marker's fields copied from the full result.
+_MARKER_FROM_RESULT = (
+    "passed",
+    "kind",
+    "judged_busbw_gbps",
+    "threshold_gbps",
+    "design_key",
+    "rule",
+    "timestamp",
+    "reason",
+)
+#: Fields of the full result that are lists; a result without them records [].
+_LIST_FIELDS = ("rows", "runs", "cmd")
+
+
+def gate_records(result, host=None, boot_id=None, result_path=None, serving_backend=None, serving_backend_reason=None):
+    """``(full result, marker)`` of one gate run, ready to write as JSON.
+
+    ``result`` is what ``nccl_allreduce`` returned, or the failed task's result when the module
+    could not say more (its ``msg`` then is the reason, the kind is ``error``); the other
+    arguments are what only the caller knows: the host, the boot the verdict holds for, where the
+    full result is written, and the serving backend chosen for the node and why. A field the result
+    lacks is null ([] for the lists); ``passed`` is true only for a JSON true.
+    """
+
+    def field(name, default=None):
+        return result[name] if name in result else default
+
+    full = {name: field(name, [] if name in _LIST_FIELDS else None) for name in RESULT_FIELDS}
+    full.update(
+        host=host,
+        boot_id=boot_id,
+        passed=field("passed", False) is True,
+        kind=field("kind", "error"),
+        reason=field("reason", field("msg", "the gate did not run")),
+    )
+    marker = {name: full[name] for name in _MARKER_FROM_RESULT}
+    marker.update(
+        boot_id=boot_id,
+        serving_backend=serving_backend,
+        serving_backend_reason=serving_backend_reason,
+        result_path=result_path,
+    )
+    return full, marker
 
 
 def read_boot_id(path):

@@ -11,12 +11,13 @@ peers' median comes from the baseline store (``_baseline.statistic``).
 * **The model** (``expected_busbw``, see ``MODEL_DOC``): the weakest hop of the best ring NCCL can
   build through the GPUs, each hop valued for the node's design.
 * **The rule** (``decide``): ``max(physics floor, fraction x baseline)``. The physics floor is
-  the model's expectation x ``threshold_fraction`` (default ``DEFAULT_THRESHOLD_FRACTION``, 0.85);
-  the baseline counts once it has ``min_samples`` peers. The default fraction, 0.96, is the
-  anchors' (Azure's HPC health checks gate 8x H100 at 460 GB/s, about 96 % of the 475-480 healthy
-  systems reach) and sits between the healthy spread (about 1 % between runs and nodes at large
-  messages: 4 standard deviations above 0.96) and one NVLink down of 18 (-5.6 %, under 0.96 even
-  on the best node).
+  the model's expectation x ``threshold_fraction`` (default ``DEFAULT_THRESHOLD_FRACTION``);
+  the baseline counts once it has ``min_samples`` peers. The default fraction of the peers'
+  median (``DEFAULT_FRACTION``) is the anchors' (Azure's HPC health checks gate 8x H100 at
+  460 GB/s, about 96 % of the 475-480 healthy systems reach) and sits between the healthy spread
+  (about 1 % between runs and nodes at large messages: 4 standard deviations above it) and one
+  NVLink down of 18 (-5.6 %, under it even on the best node). These constants are the one place
+  the defaults are written; the module, the role and docs/gate.md refer to them.
 """
 
 from __future__ import annotations
@@ -43,15 +44,17 @@ x16 31.5 GB/s, Gen5 x16 63 GB/s) x a path efficiency by the nvidia-smi topology 
 PIX/PXB 0.80, PHB 0.78, NODE 0.60, SYS 0.50.  NVLink hop = NV count x 25 GB/s per link per
 direction (50 GB/s from NVLink 5, Blackwell) x 0.80, and x 1.0 through the NVSwitches of a
 Hopper system (NVLink SHARP: 8x H100 = 450 GB/s).  The physics floor is that figure x
-threshold_fraction (default 0.85); once min_samples healthy peers of the same design are in
-the baseline store, the threshold is max(physics floor, baseline_fraction (0.96) x their median).
+threshold_fraction (default %(threshold_fraction)s); once min_samples healthy peers of the same design
+are in the baseline store, the threshold is max(physics floor, baseline_fraction (%(fraction)s) x their
+median).
 Sources of the figures: PCIe Gen4 x16 measures about 25 GB/s at best against 31.5 raw
 (0.80); 4x RTX 4090 reach 22-26 GB/s bus bandwidth with P2P and about 18 through host memory;
 ACS redirect roughly halves bus bandwidth (NVIDIA/nccl issue 700); 8-GPU NVLink all-reduce
 reaches about 230 GB/s on A100 (12 links: 240 here) and 440-480 GB/s on H100/H200 with NVLS
 (nccl-tests issue 272: 475 on 8x H200; 18 links: 450 here); Azure's per-SKU floors (228 for
-8x A100, 460 for 8x H100 at 8-16 GB) sit a few percent under healthy figures (FACTS.md,
-nccl-tests section)."""
+8x A100, 460 for 8x H100 at 8-16 GB) sit a few percent under healthy figures (docs/gate.md).""" % dict(
+    threshold_fraction=DEFAULT_THRESHOLD_FRACTION, fraction=DEFAULT_FRACTION
+)
 
 # The figures (PCIe rates, path-class efficiencies, NVLink rates) and the valuation of one hop
 # live with the path vocabulary in pcie/_path.py; the gate's ring model is here.

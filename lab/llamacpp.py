@@ -89,3 +89,112 @@ def serving_summary(machine, marker):
         opt("--parallel"),
         " (%s)" % plan.group(1) if plan else "",
     )
+
+
+class Server:
+    """A real llama-server (the cached build) on 127.0.0.1 serving the tiny model, for the tests that
+    judge a server by its own answers (``/health``, ``/v1/models``, ``/metrics``): started as role
+    llamacpp_server starts it where it matters here (``--metrics``, the API key from
+    ``LLAMA_API_KEY``, never on the command line), one thread, short slots; ready once ``/health``
+    answers 200.  A context manager; ``url``, ``port``, ``log``."""
+
+    def __init__(self, model, workdir, api_key="", alias="gpufleet-tiny", binary=None, parallel=2):
+        self.model, self.api_key, self.alias = str(model), api_key, alias
+        self.binary = str(binary or llama_server_binary())
+        self.parallel = parallel
+        self.log = Path(workdir) / "llama-server.log"
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+
+    def argv(self):
+        return [
+            self.binary,
+            "--model",
+            self.model,
+            "--alias",
+            self.alias,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--ctx-size",
+            str(256 * self.parallel),
+            "--parallel",
+            str(self.parallel),
+            "--threads",
+            "1",
+            "--metrics",
+        ]
+
+    def start(self, timeout=120.0):
+        import subprocess
+        import time
+        import urllib.error
+        import urllib.request
+
+        env = dict(os.environ)
+        env.pop("LLAMA_API_KEY", None)
+        if self.api_key:
+            env["LLAMA_API_KEY"] = self.api_key
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.argv(), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        return self
+            except (OSError, urllib.error.URLError):
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = self.log.read_text(errors="replace")[-3000:]
+                self.stop()
+                raise RuntimeError(f"llama-server ({self.binary}) did not answer {self.url}/health 200:\n{tail}")
+            time.sleep(0.2)
+
+    def stop(self):
+        import subprocess
+
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # a server that ignores SIGTERM is killed
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_server(workdir, api_key=""):
+    """A :class:`Server` (not started) of the real llama-server serving the tiny model written into
+    ``workdir``; the binary is built first where it is not cached (scripts/build-llama-server.sh:
+    several CPU-minutes, once). RuntimeError, with the build's output, when it cannot be built."""
+    import subprocess
+
+    from lab import tiny_gguf
+
+    build = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, timeout=3600, check=False)
+    if build.returncode or not os.access(llama_server_binary(), os.X_OK):
+        raise RuntimeError(
+            f"no llama-server at {llama_server_binary()} ({BUILD_SCRIPT}):\n{build.stdout}{build.stderr}"
+        )
+    model = Path(workdir) / MODEL_NAME
+    if not model.exists():
+        tiny_gguf.write(model)
+    return Server(model, workdir, api_key=api_key)

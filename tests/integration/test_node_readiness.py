@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """node_readiness_info: the gate marker of this boot, the server's /health and /v1/models, and
-the reasons a node may not take traffic."""
+the reasons a node may not take traffic. The server is the real llama-server (lab/llamacpp.py:
+the cached CPU build, the tiny model) wherever it can show the case; a hand-made one (FakeHTTP)
+only for what it cannot: a 503 from /health, a /v1/models behind the key, redirects."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import json
 
 import pytest
 
+from lab import llamacpp
 from tests.support import FakeHTTP
 
 BOOT = "2b95257e-cc50-4a2b-8260-36f6af9dc4dc"
@@ -48,22 +51,46 @@ def args(tmp_path, marker=None, **kw):
     return dict({"marker_path": str(path), "boot_id_path": str(tmp_path / "boot_id")}, **kw)
 
 
-def test_a_passing_marker_of_this_boot_and_a_serving_server_is_ready(tmp_path, run_module, server):
-    srv = server()
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory):
+    """The real llama-server (the cached CPU build) serving the tiny model, as role llamacpp_server
+    runs it: behind an API key, with /health and /v1/models public (llama-server's own list)."""
+    with llamacpp.tiny_server(tmp_path_factory.mktemp("llama"), api_key=KEY) as real:
+        yield real
+
+
+def test_a_passing_marker_of_this_boot_and_a_serving_server_is_ready(tmp_path, run_module, llama_server):
     res = run_module(
         "node_readiness_info",
         args(
             tmp_path,
             {"boot_id": BOOT, "passed": True, "judged_busbw_gbps": 23.4},
-            health_url=srv.url + "/health",
-            models_url=srv.url + "/v1/models",
-            model="Llama-3.3-70B-Instruct-FP8",
+            health_url=llama_server.url + "/health",
+            models_url=llama_server.url + "/v1/models",
+            model=llama_server.alias,
         ),
         check_mode=True,
     )
     assert res["ready"] and res["reasons"] == [] and not res["changed"], res
     assert res["boot_id"] == BOOT and res["marker"]["judged_busbw_gbps"] == 23.4 and res["marker_current"]
-    assert res["health_status"] == 200 and res["models"] == ["Llama-3.3-70B-Instruct-FP8"]
+    assert res["health_status"] == 200 and res["models"] == [llama_server.alias]
+
+
+def test_a_serving_server_without_the_model(tmp_path, run_module, llama_server):
+    res = run_module(
+        "node_readiness_info",
+        args(
+            tmp_path,
+            {"boot_id": BOOT, "passed": True},
+            health_url=llama_server.url + "/health",
+            models_url=llama_server.url + "/v1/models",
+            model="Llama-3.3-70B-Instruct-FP8",
+        ),
+    )
+    assert not res["ready"] and res["health_status"] == 200, res
+    assert res["reasons"] == [
+        f"the server does not list model Llama-3.3-70B-Instruct-FP8 on /v1/models (it lists: {llama_server.alias})"
+    ], res
 
 
 @pytest.mark.parametrize(
@@ -87,6 +114,7 @@ def test_the_marker_alone(tmp_path, run_module, marker, reason):
 
 
 def test_an_unhealthy_server_without_the_model(tmp_path, run_module, server):
+    """Hand-made: a /health of 503 (a real llama-server answers it only while its model loads)."""
     srv = server(health=503, models=["other-model"])
     res = run_module(
         "node_readiness_info",
@@ -104,10 +132,10 @@ def test_an_unhealthy_server_without_the_model(tmp_path, run_module, server):
     ], res
 
 
-def test_a_server_that_does_not_answer(tmp_path, run_module, server):
-    srv = server()
-    url = srv.url
-    srv.close()
+def test_a_server_that_does_not_answer(tmp_path, run_module):
+    """A real llama-server, stopped."""
+    with llamacpp.tiny_server(tmp_path) as real:
+        url = real.url
     res = run_module(
         "node_readiness_info",
         args(
@@ -128,6 +156,7 @@ def test_a_server_that_does_not_answer(tmp_path, run_module, server):
 
 
 def test_the_api_key_is_sent_and_never_returned(tmp_path, run_module, server):
+    """Hand-made: vLLM asks the key on /v1/models; llama-server leaves it public."""
     srv = server(key=True)
     a = args(
         tmp_path,

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """_vllm_metrics on real /metrics samples (tests/data/vllm-metrics, sources in each file), on the
-lab stand-in's engine, and the thresholds firing and staying quiet; the module end to end."""
+lab stand-in's engine, on the real llama-server's own /metrics (lab/llamacpp.py), and the
+thresholds firing and staying quiet; the module end to end."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import math
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from ansible_collections.gpufleet.node.plugins.module_utils.serving import _vllm_metrics as vm
+from lab import llamacpp
 from lab.standins.vllm_engine import Engine
 from tests.support import MetricsServer
 
@@ -269,6 +272,69 @@ def test_module_reports_and_fails_on_violation(run_module, metrics_server):
     res = run_module("vllm_metrics_info", {"url": url, "samples": 1, "interval": 0})
     assert not res.get("failed") and res["healthy"] is True, res
     assert res["metrics"]["names"]["kv_cache_usage_perc"] == "vllm:gpu_cache_usage_perc"
+
+
+# --- llama.cpp: the real llama-server's /metrics -------------------------------------------------
+
+LLAMA_KEY = "sk-llama-metrics-0123456789"
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory):
+    """The real llama-server (the cached CPU build) serving the tiny model, behind an API key."""
+    with llamacpp.tiny_server(tmp_path_factory.mktemp("llama"), api_key=LLAMA_KEY) as server:
+        yield server
+
+
+def _complete(server, prompt="hello the world", max_tokens=8):
+    body = json.dumps({"model": server.alias, "prompt": prompt, "max_tokens": max_tokens}).encode()
+    req = urllib.request.Request(
+        server.url + "/v1/completions",
+        data=body,
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {LLAMA_KEY}"},
+    )
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        assert resp.status == 200
+
+
+def test_llamacpp_server_is_judged_by_its_own_metrics(run_module, llama_server):
+    """vllm_metrics_info on llama-server: its slots' gauges are the running and waiting figures,
+    the counters it exports are finite, and the KV usage it does not export is judged as absent,
+    never as zero; the key it needs is sent and never returned."""
+    _complete(llama_server)
+    res = run_module(
+        "vllm_metrics_info", {"url": llama_server.url, "samples": 2, "interval": 0.2, "api_key": LLAMA_KEY}
+    )
+    assert not res.get("failed") and res["healthy"] is True and res["violations"] == [], res
+    metrics = res["metrics"]
+    assert metrics["names"] == {
+        "num_requests_running": "llamacpp:requests_processing",
+        "num_requests_waiting": "llamacpp:requests_deferred",
+    }
+    assert metrics["num_requests_running"] == 0 and metrics["num_requests_waiting"] == 0, metrics
+    assert metrics["kv_cache_usage_perc"] is None and metrics["kv_cache_usage_perc_peak"] is None
+    assert metrics["ttft_seconds"]["scope"] == "absent" and metrics["num_preemptions_total"] is None
+    assert LLAMA_KEY not in json.dumps(res)
+
+
+def test_llamacpp_server_without_its_key_is_no_scrape(run_module, llama_server):
+    res = run_module("vllm_metrics_info", {"url": llama_server.url, "samples": 1, "interval": 0})
+    assert res["failed"] and "answered HTTP 401" in res["msg"], res
+    res = run_module("vllm_metrics_info", {"url": llama_server.url, "samples": 1, "api_key": "not-" + LLAMA_KEY})
+    assert res["failed"] and "answered HTTP 401" in res["msg"], res
+
+
+def test_llamacpp_server_metrics_parse_as_the_parser_expects(llama_server):
+    """The real exposition, parsed: every llamacpp: family the parser reads is there by its name."""
+    req = urllib.request.Request(llama_server.url + "/metrics", headers={"Authorization": f"Bearer {LLAMA_KEY}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        text = resp.read().decode()
+    read = {name for names in vm.GAUGES.values() for name in names if name.startswith("llamacpp:")}
+    assert read == {"llamacpp:requests_processing", "llamacpp:requests_deferred"}
+    exported = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    assert read <= exported, exported
+    values = vm.gauge_values(vm.parse(text))
+    assert values["num_requests_running"] == 0.0 and values["kv_cache_usage_perc"] is None
 
 
 def test_module_names_an_unreachable_server(run_module):

@@ -331,9 +331,20 @@ def summarize(scrapes, interval=0.0, thresholds=None):
 
     samples = [dict({"time": round(stamp, 3)}, **gauge_values(scrape)) for stamp, scrape in scrapes]
     first, last = scrapes[0][1], scrapes[-1][1]
-    missing = [
-        f for f in ("kv_cache_usage_perc", "num_requests_running", "num_requests_waiting") if f not in last["gauges"]
-    ]
+    # vLLM exports its KV usage; llama.cpp's llama-server exports none (its figures are judged
+    # without it, never as zero)
+    running = last["gauges"].get("num_requests_running")
+    llamacpp = running is not None and running["name"].startswith("llamacpp:")
+    required = (
+        ("num_requests_running", "num_requests_waiting")
+        if llamacpp
+        else (
+            "kv_cache_usage_perc",
+            "num_requests_running",
+            "num_requests_waiting",
+        )
+    )
+    missing = [f for f in required if f not in last["gauges"]]
     if missing:
         raise MetricsError(
             "the server does not export %s: is this vLLM's /metrics (or was it started "

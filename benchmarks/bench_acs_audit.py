@@ -69,7 +69,6 @@ def bench_profile():
                 ],
             }
         ],
-        "fault": {},
         "expect_registered": False,
     }
 

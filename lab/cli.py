@@ -59,13 +59,14 @@ def parser():
     sub.add_parser("down", help="stop everything and remove what `up` made")
     rb = sub.add_parser("reboot", help="power-cycle a node: firmware defaults, empty /run, boot")
     rb.add_argument("node")
-    ft = sub.add_parser("fault", help="inject a GPU health fault into a node's hardware (at once), or `clear` them all")
+    ft = sub.add_parser("fault", help="inject a fault into a node's hardware model (at once), or `clear` them all")
     ft.add_argument("node")
     ft.add_argument(
         "kind",
         metavar="KIND",
-        help="xid CODE, sxid CODE, remap-pending, ecc-uncorrectable, "
-        "fabric-manager-stop, nvlink-down, hw-slowdown, link-degrade, aer, peermem-unload, clear",
+        help="xid CODE, sxid CODE, remap-pending, ecc-uncorrectable, fabric-manager-stop, nvlink-down, "
+        "hw-slowdown, link-degrade, aer, peermem-unload, driver-not-loaded, library-mismatch, no-devices, "
+        "gpu-lost, allreduce-wrong|hang|truncate|crash|slow, clear",
     )
     ft.add_argument("code", nargs="?", type=int, help="the Xid or SXid code (xid and sxid only)")
     ft.add_argument(

@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""`python -m lab fault NODE KIND [CODE] [--gpu N]`: GPU health faults on a lab node.
+"""`python -m lab fault NODE KIND [CODE] [--gpu N]`: faults on a lab node (GPU health, the
+driver, all_reduce_perf's misbehaviour).
 
-The fault is written into the node's hardware model (lab/hwmodel/health.py), which every
-stand-in reads on every call: it takes effect at once, as on a live machine, whether the node
-runs or not.  On a running node, `fabric-manager-stop` also stops the node's real
+The fault is written into the node's hardware model (lab/hwmodel/health.py), the lab's one fault
+channel, which every stand-in reads on every call: it takes effect at once, as on a live machine,
+whether the node runs or not.  On a running node, `fabric-manager-stop` also stops the node's real
 `nvidia-fabricmanager` unit (and `clear` starts it again), so `systemctl is-active` agrees.
 """
 

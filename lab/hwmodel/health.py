@@ -2,7 +2,8 @@
 """GPU health state of a lab machine: the faults `python -m lab fault` injects.
 
 The state lives beside the machine, in `<root>/health.json`, and every stand-in reads it on
-every call, so a fault takes effect at once, as on a live machine.  What the state drives:
+every call, so a fault takes effect at once, as on a live machine.  It is the lab's one fault
+channel: no stand-in takes a fault from its profile or its environment.  What the state drives:
 
 * `<root>/kmsg.log`: this boot's kernel log (plain `dmesg` lines, `[    5.123456] ...`), the
   file the lab points `gpu_health_info`'s `kernel_log_path` at; `xid`/`sxid` append the lines
@@ -15,13 +16,18 @@ every call, so a fault takes effect at once, as on a live machine.  What the sta
   `aer_dev_nonfatal`, in the kernel's own format);
 * the node: whether nvidia-fabricmanager runs (NVSwitch profiles; the GPUs' fabric state
   follows it), and whether nvidia_peermem is loaded (`<root>/proc/modules`,
-  `<root>/sys/module/nvidia_peermem`).
+  `<root>/sys/module/nvidia_peermem`);
+* the driver as nvidia-smi and NVML meet it (`driver`: not loaded, a library/driver version
+  mismatch, no devices; a GPU `lost`: fallen off the bus, no handle for it);
+* how all_reduce_perf misbehaves (`allreduce`: wrong results, a hang, a run killed mid-table, an
+  NCCL failure at start, or every figure slow).
 
 A reboot (`reboot()`, called by `Node.reset_firmware`) clears what a reboot clears: the old
 boot's kernel log goes, a pending row remap is applied (the remapped count rises), volatile
 ECC counts reset, the fabric manager runs again if it is enabled, nvidia_peermem is loaded again
 where it is configured.  Hardware stays as it is: NVLink links down, HW slowdown, a link trained
-down, the AER counts of a flaky link, aggregate ECC counts and remapped rows (InfoROM).
+down, the AER counts of a flaky link, aggregate ECC counts and remapped rows (InfoROM); the
+driver faults, a lost GPU and all_reduce_perf's misbehaviour stay too, until `clear`.
 
 Like node.py, this module is independent of the collection's parsers and checks: the lab is the
 independent oracle the module is tested against.
@@ -52,8 +58,21 @@ KINDS = (
     "link-degrade",
     "aer",
     "peermem-unload",
+    "driver-not-loaded",
+    "library-mismatch",
+    "no-devices",
+    "gpu-lost",
+    "allreduce-wrong",
+    "allreduce-hang",
+    "allreduce-truncate",
+    "allreduce-crash",
+    "allreduce-slow",
     "clear",
 )
+#: Faults of the driver as nvidia-smi and NVML meet it (the state's `driver`).
+DRIVER_FAULTS = ("driver-not-loaded", "library-mismatch", "no-devices")
+#: all_reduce_perf's misbehaviour (the state's `allreduce`: the kind without the prefix).
+ALLREDUCE_PREFIX = "allreduce-"
 
 # Linux drivers/pci/pcie/aer.c (v6.8): the names `aer_dev_*` print, in bit order (None: no name,
 # printed as `<array>_bit[N] <count>` only when non-zero).
@@ -202,6 +221,7 @@ def default_gpu():
         "hw_slowdown": False,
         "nvlinks_down": [],
         "width_degraded": None,
+        "lost": False,
     }
 
 
@@ -216,6 +236,8 @@ def default_state(data):
         "aer": {},
         "fabric_manager": {"enabled": nvswitch, "active": nvswitch} if nvswitch else None,
         "peermem": {"configured": peermem, "loaded": peermem},
+        "driver": None,
+        "allreduce": None,
         "faults": [],
     }
 
@@ -484,11 +506,20 @@ def inject(root, data, kind, gpu=0, code=None):
         counts = state["aer"].setdefault(port, {}).setdefault("nonfatal", {})
         counts["CmpltTO"] = counts.get("CmpltTO", 0) + 1
         what = "AER non-fatal error (CmpltTO) on %s, the port above GPU %d" % (port, gpu)
-    else:  # peermem-unload
+    elif kind == "peermem-unload":
         if not state["peermem"]["loaded"]:
             raise FaultError("nvidia_peermem is not loaded on this machine")
         state["peermem"]["loaded"] = False
         what = "nvidia_peermem unloaded"
+    elif kind in DRIVER_FAULTS:
+        state["driver"] = kind
+        what = "the NVIDIA driver: %s" % kind
+    elif kind == "gpu-lost":
+        g["lost"] = True
+        what = "GPU %d (%s) fell off the bus: no device handle for it" % (gpu, rec["bdf"])
+    else:  # allreduce-*
+        state["allreduce"] = kind[len(ALLREDUCE_PREFIX) :]
+        what = "all_reduce_perf: %s" % state["allreduce"]
     state["faults"].append({"kind": kind, "gpu": gpu, "code": code, "at": _now()})
     save(root, state)
     write_views(root, data, state)
@@ -531,6 +562,12 @@ def keeps_out(root, data):
             why.append("GPU %s: NVLink %s down" % (index, ",".join(map(str, g["nvlinks_down"]))))
         if g["width_degraded"]:
             why.append("GPU %s: link trained down" % index)
+        if g.get("lost"):
+            why.append("GPU %s: lost" % index)
+    if state.get("driver"):
+        why.append("driver: %s" % state["driver"])
+    if state.get("allreduce") not in (None, "slow"):  # slow: for the peers' baseline to judge
+        why.append("all_reduce_perf: %s" % state["allreduce"])
     fm = state["fabric_manager"]
     if fm and not fm["active"]:
         why.append("fabric manager stopped")

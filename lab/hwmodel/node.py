@@ -98,7 +98,6 @@ class Node:
         self.data = data
         self.profile = data
         self.name = data["profile"]
-        self.fault = data.get("fault", {})
         self.devices = {}
         for rec in data["devices"]:
             cls = Gpu if rec["kind"] == "gpu" else Device
@@ -230,6 +229,18 @@ class Node:
         if state["fabric_manager"]:
             state["fabric_manager"]["active"] = bool(active)
             H.save(self.root, state)
+
+    def driver_fault(self, state=None):
+        """None, or how the driver fails nvidia-smi and NVML (health.DRIVER_FAULTS)."""
+        return (state or self.health).get("driver")
+
+    def gpu_lost(self, i, state=None):
+        """Whether model GPU i fell off the bus (no device handle for it)."""
+        return bool(self.gpu_health(i, state).get("lost"))
+
+    def allreduce_fault(self, state=None):
+        """None, or how all_reduce_perf misbehaves: wrong, hang, truncate, crash or slow."""
+        return (state or self.health).get("allreduce")
 
     @property
     def kernel_log(self):

@@ -3,8 +3,8 @@
 
 A profile describes one kind of machine as its firmware leaves it: sockets and host bridges,
 the PCIe tree below each root port (switches, GPUs, NICs), each port's ACS capability and the
-ACS Control value the firmware/kernel leaves at boot, trained link widths, NVLink, and any
-fault the stand-ins must show.  `build.py` turns a profile into a sysfs tree with real config
+ACS Control value the firmware/kernel leaves at boot, trained link widths and NVLink.  Faults
+are not part of a profile: they go into a machine's health state (health.py, `lab fault`).  `build.py` turns a profile into a sysfs tree with real config
 space; `node.py` answers questions about it from the CURRENT registers.
 
 Device ids are real (pci.ids), so the real `lspci` names what it decodes.
@@ -163,7 +163,6 @@ def _seed000(**changes):
             },
             {"bus": 0xC0, "numa_node": 1, "root_ports": []},
         ],
-        "fault": {},
         "expect_registered": True,
     }
     profile.update(changes)
@@ -207,7 +206,6 @@ def _epyc_rootports():
                 ],
             },
         ],
-        "fault": {},
         "expect_registered": True,
     }
 
@@ -233,7 +231,6 @@ def _h100_sxm():
             {"bus": 0x97, "numa_node": 1, "root_ports": [root_port("intel-rp", pair("CX7"), dev=1, fn=0)]},
             {"bus": 0xB7, "numa_node": 1, "root_ports": [root_port("intel-rp", pair("CX7"), dev=1, fn=0)]},
         ],
-        "fault": {},
         "expect_registered": True,
     }
 

@@ -174,11 +174,9 @@ class _Layout:
         self.devices.append(rec)
 
 
-def describe(name, fault=None):
+def describe(name):
     """The node's data (what `lab-node.json` holds): the profile plus its laid-out devices."""
     profile = P.get(name)
-    if fault:
-        profile["fault"] = {**profile["fault"], **fault}
     layout = _Layout(profile).run()
     seed = hashlib.sha256(name.encode()).hexdigest()
     cpulists = profile["cpu"]["cpulists"]
@@ -205,12 +203,12 @@ def write_config_spaces(root, data):
         (sysfs / dev["bdf"] / "config").write_bytes(config_space(dev))
 
 
-def build(name, root, fault=None):
+def build(name, root):
     """Lay the machine of profile `name` out under `root` (created; must not hold a machine)."""
     root = Path(root)
     if (root / NODE_FILE).exists():
         raise FileExistsError(f"{root} already holds a lab machine; remove it or use reset_firmware()")
-    data = describe(name, fault)
+    data = describe(name)
     sys_dir = root / "sys"
     bus_devices = sys_dir / "bus" / "pci" / "devices"
     drivers = sys_dir / "bus" / "pci" / "drivers"

@@ -31,12 +31,11 @@ filters further);
 
 Flags honoured: -b -e -f -i -g -t -n -w -c -d -o -T (and their long forms); -J FILE writes the
 results as JSON too.  NCCL_DEBUG=INFO interleaves NCCL log lines as the real library does.
-Faults, from the profile's `fault` dict (key `allreduce`) or GPUFLEET_LAB_ALLREDUCE_FAULT (which
-wins): `wrong` (wrong results from 1 MB up, `FAILED` footer, exit 1), `hang` (stops after a few
-rows until killed, or until -T expires), `truncate` (dies mid-table, killed by SIGKILL like the
-OOM killer would), `crash` (an NCCL failure before the first row, exit 1), `slow` or
-`slow:FACTOR` (every figure x FACTOR, default 0.93: a node slower than its peers for a reason the
-facts do not show, such as a GPU held back by its clocks).
+Faults, from the machine's health state (`lab fault NODE allreduce-KIND`): `wrong` (wrong results
+from 1 MB up, `FAILED` footer, exit 1), `hang` (stops after a few rows until killed, or until -T
+expires), `truncate` (dies mid-table, killed by SIGKILL like the OOM killer would), `crash` (an
+NCCL failure before the first row, exit 1), `slow` (every figure x 0.93: a node slower than its
+peers for a reason the facts do not show, such as a GPU held back by its clocks).
 """
 
 from __future__ import annotations
@@ -53,7 +52,6 @@ import time
 
 from lab.hwmodel import Node
 
-FAULT_ENV = "GPUFLEET_LAB_ALLREDUCE_FAULT"
 SEED_ENV = "GPUFLEET_LAB_SEED"
 #: The machine's host name where several lab machines share one (tests running them locally).
 HOST_ENV = "GPUFLEET_LAB_HOSTNAME"
@@ -135,11 +133,8 @@ def node_factor(node, host):
 
 
 def slow_factor(fault):
-    """The factor of the `slow[:FACTOR]` fault, 1.0 for any other."""
-    kind, _, value = fault.partition(":")
-    if kind != "slow":
-        return 1.0
-    return float(value) if value else SLOW_FACTOR
+    """SLOW_FACTOR for the `slow` fault, 1.0 for any other."""
+    return SLOW_FACTOR if fault == "slow" else 1.0
 
 
 class Machine:
@@ -240,7 +235,7 @@ def main(argv=None):
     except RuntimeError as e:
         print(f"all_reduce_perf (lab): {e}", file=sys.stderr)
         return 2
-    fault = env.get(FAULT_ENV) or node.fault.get("allreduce") or ""
+    fault = node.allreduce_fault() or ""
     rng = random.Random(env.get(SEED_ENV) or None)
     host = env.get(HOST_ENV) or socket.gethostname().split(".")[0]
     pid = os.getpid()

@@ -15,9 +15,9 @@ Supported: `topo -m` (alias `--matrix`), `topo -p2p r|w|n|a|p`, `--query-gpu=FIE
 with `-i`: the full text report, laid out as driver 535+ lays it out), and a summary table with
 no arguments.  The GPU health state of the machine (lab/hwmodel/health.py: ECC counts, remapped
 rows, clocks event reasons, NVLink links down, a link trained down, the fabric manager) shows in
-`-q`, `nvlink -s`, the summary's ECC column and the matching `--query-gpu` fields.  Faults, from the profile's `fault` dict (key `gpu`) or the environment
-variable GPUFLEET_LAB_GPU_FAULT (which wins): `driver-not-loaded`, `no-devices`, `lost:<n>` (GPU
-n of the model fell off the bus), `library-mismatch`.
+`-q`, `nvlink -s`, the summary's ECC column and the matching `--query-gpu` fields, and so do its
+driver faults: `driver-not-loaded`, `no-devices`, `library-mismatch`, and `gpu-lost` (a GPU of
+the model fell off the bus).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import time
 from lab.hwmodel import Node
 from lab.hwmodel.profiles import DRIVER_VERSION
 
-FAULT_ENV = "GPUFLEET_LAB_GPU_FAULT"
 ANSI_ENV = "GPUFLEET_LAB_NVSMI_ANSI"
 DEFAULT_DRIVER = DRIVER_VERSION
 DEFAULT_CUDA = "12.8"
@@ -74,12 +73,13 @@ class Exit(Exception):
 
 # -- the machine as the driver sees it --------------------------------------------------------
 def gpu_fault(node):
-    """The GPU fault in force: (kind, model GPU index or None), or (None, None)."""
-    text = os.environ.get(FAULT_ENV) or (node.fault or {}).get("gpu") or ""
-    if not text:
-        return None, None
-    kind, _, arg = str(text).partition(":")
-    return kind, (int(arg) if arg else None)
+    """The driver fault in force (the machine's health state): (kind, model GPU index or None), or
+    (None, None); kind is one of health.DRIVER_FAULTS, or `lost` for the first GPU off the bus."""
+    state = node.health
+    if node.driver_fault(state):
+        return node.driver_fault(state), None
+    lost = [g.index for g in node.gpus if node.gpu_lost(g.index, state)]
+    return ("lost", lost[0]) if lost else (None, None)
 
 
 def visible_gpus(node):

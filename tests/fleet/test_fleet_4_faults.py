@@ -173,18 +173,17 @@ def test_a_hanging_gate_times_out_and_the_node_stays_out(fleet, first_run):
     node = fleet.healthy[0]
     _ready(fleet, node)
     fleet.changed(node)
-    run = fleet.site(
-        "--tags",
-        "nccl_gate",
-        limit=node,
-        extra_vars=[
-            "nccl_gate_force=true",
-            "nccl_gate_timeout=5",
-            "nccl_gate_repeats=1",
-            {"nccl_gate_environment": {"GPUFLEET_LAB_ALLREDUCE_FAULT": "hang"}},
-        ],
-        label=f"site.yml --limit {node} --tags nccl_gate (gate hangs)",
-    )
+    fleet.lab("fault", node, "allreduce-hang")
+    try:
+        run = fleet.site(
+            "--tags",
+            "nccl_gate",
+            limit=node,
+            extra_vars=["nccl_gate_force=true", "nccl_gate_timeout=5", "nccl_gate_repeats=1"],
+            label=f"site.yml --limit {node} --tags nccl_gate (gate hangs)",
+        )
+    finally:
+        fleet.lab("fault", node, "clear")
     assert run.rc != 0 and run.recap[node]["failed"] == 1, run.explain()
     failures = _flat(run, node)
     assert "did not finish within 5 s and its process group was killed" in failures, failures

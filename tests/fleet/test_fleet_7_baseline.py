@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The NCCL gate judged against its peers on a lab fleet of thirteen booted nodes: eight
 8x H100 SXM, one of them with one NVLink link down (`lab fault node8 nvlink-down --gpu 3`: at once,
-no reboot), and five 4x L40S on two Gen4 switches, one of them slow (the stand-in's `slow` fault,
-x0.93, through the gate's environment). Three peers make a baseline here (five in production): a
+no reboot), and five 4x L40S on two Gen4 switches, one of them slow (`lab fault node13
+allreduce-slow`: every figure of its all_reduce_perf x0.93). Three peers make a baseline here (five in production): a
 faulty node's own first figure is an outlier its peers' baselines drop.
 
 A lab of the module's own (state in .lab-state/pytest-<pid>-baseline), reached over SSH as any
@@ -40,6 +40,7 @@ def baseline_lab():
         from lab.fleet import Fleet
 
         assert faults.inject(Fleet(lab.state), NVLINK_DOWN, "nvlink-down", None, 3, log=lambda *_: None)
+        assert faults.inject(Fleet(lab.state), SLOW, "allreduce-slow", log=lambda *_: None)
         yield lab
 
 
@@ -69,7 +70,7 @@ def test_peers_catch_what_the_physics_floor_lets_through(tmp_path, baseline_lab)
     run = support.run_playbook(
         PLAYBOOK,
         inventory=lab.inventory(H100 + PCIE, "baseline"),
-        extra_vars={"nccl_gate_baseline_dir": str(store), "nccl_gate_baseline_min_samples": 3, "slow_node": SLOW},
+        extra_vars={"nccl_gate_baseline_dir": str(store), "nccl_gate_baseline_min_samples": 3},
         env=env,
         json_callback=True,
         timeout=900,

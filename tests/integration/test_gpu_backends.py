@@ -41,14 +41,13 @@ def nvml():
 
 @pytest.fixture
 def machine(lab_node, monkeypatch):
-    """Build a profile and point the stand-ins at it."""
+    """Build a profile, point the stand-ins at it and put `fault` (of GPU `gpu`) into its model."""
 
-    def _machine(profile, fault=None):
+    def _machine(profile, fault=None, gpu=0):
         node = lab_node(profile)
         monkeypatch.setenv("GPUFLEET_LAB_ROOT", str(node.root))
-        monkeypatch.delenv(smi.FAULT_ENV, raising=False)
         if fault:
-            monkeypatch.setenv(smi.FAULT_ENV, fault)
+            node.inject(fault, gpu)
         return node
 
     return _machine
@@ -259,15 +258,15 @@ def test_nvidia_smi_argv_through_the_real_wrapper(machine):
 
 
 @pytest.mark.parametrize(
-    "fault,cause,text",
+    "fault,gpu,cause,text",
     [
-        ("driver-not-loaded", "driver_not_loaded", "NVIDIA kernel driver is not loaded"),
-        ("library-mismatch", "driver_library_mismatch", "Driver/library version mismatch"),
-        ("lost:2", "gpu_lost", "(GPU 0000:48:00.0)"),
+        ("driver-not-loaded", 0, "driver_not_loaded", "NVIDIA kernel driver is not loaded"),
+        ("library-mismatch", 0, "driver_library_mismatch", "Driver/library version mismatch"),
+        ("gpu-lost", 2, "gpu_lost", "(GPU 0000:48:00.0)"),
     ],
 )
-def test_nvidia_smi_failures_name_the_cause(machine, fault, cause, text):
-    machine("l40s-4x-switch", fault=fault)
+def test_nvidia_smi_failures_name_the_cause(machine, fault, gpu, cause, text):
+    machine("l40s-4x-switch", fault=fault, gpu=gpu)
     with pytest.raises(_topology_facts.GpuTopologyError) as info:
         _topology_facts.collect_nvidia_smi(Recorder(NVSMI), NVSMI)
     assert info.value.cause == cause and text in str(info.value)
@@ -286,11 +285,12 @@ def test_no_devices_gives_empty_facts(machine, nvml):
 
 
 def test_nvml_failures(machine, nvml, monkeypatch):
-    machine("l40s-4x-switch", fault="driver-not-loaded")
+    node = machine("l40s-4x-switch", fault="driver-not-loaded")
     with pytest.raises(_topology_facts.NvmlUnavailable, match="Driver Not Loaded") as info:
         _topology_facts.collect_nvml(nvml)
     assert info.value.code == nvml.NVML_ERROR_DRIVER_NOT_LOADED
-    monkeypatch.setenv(smi.FAULT_ENV, "lost:1")
+    node.inject("clear")
+    node.inject("gpu-lost", 1)
     with pytest.raises(_topology_facts.GpuTopologyError, match="handle for GPU 1 .Unknown Error.") as lost:
         _topology_facts.collect_nvml(nvml)
     assert lost.value.cause == "gpu_lost"

@@ -14,7 +14,6 @@ from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.node.plugins.module_utils.common import _proc
 from ansible_collections.gpufleet.node.plugins.modules import gpu_topology_facts as mod
-from lab.standins import nvidia_smi as smi
 
 REPO = Path(__file__).resolve().parents[2]
 NVSMI = str(REPO / "lab" / "bin" / "nvidia-smi")
@@ -72,12 +71,11 @@ def run_module(monkeypatch):
 
 @pytest.fixture
 def lab(lab_node, monkeypatch):
-    def _lab(profile, fault=None, pynvml=None):
+    def _lab(profile, fault=None, pynvml=None, gpu=0):
         node = lab_node(profile)
         monkeypatch.setenv("GPUFLEET_LAB_ROOT", str(node.root))
-        monkeypatch.delenv(smi.FAULT_ENV, raising=False)
         if fault:
-            monkeypatch.setenv(smi.FAULT_ENV, fault)
+            node.inject(fault, gpu)  # into the machine's model, which both stand-ins read
         monkeypatch.setattr(mod, "pynvml", pynvml)
         return node
 
@@ -167,7 +165,7 @@ def test_backend_nvml_needs_nvidia_ml_py(lab, run_module):
 
 
 def test_gpu_lost_fails_naming_the_gpu(lab, run_module, stub):
-    node = lab("l40s-4x-switch", fault="lost:3", pynvml=stub)
+    node = lab("l40s-4x-switch", fault="gpu-lost", gpu=3, pynvml=stub)
     nvml = run_module({"sysfs_path": str(node.sysfs)})
     assert nvml.failed and nvml.result["cause"] == "gpu_lost"
     assert "NVML cannot get a handle for GPU 3 (Unknown Error)" in nvml.result["msg"]

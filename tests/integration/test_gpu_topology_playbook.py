@@ -17,14 +17,11 @@ PLAYBOOK = REPO / "tests" / "integration" / "playbooks" / "gpu_topology.yml"
 NVSMI = REPO / "lab" / "bin" / "nvidia-smi"
 
 
-def play(node, env, out, expect=None, fault=None):
+def play(node, env, out, expect=None):
     env = dict(env)
     env["GPUFLEET_LAB_ROOT"] = str(node.root)
     env["PATH"] = "%s:%s" % (REPO / "lab" / "bin", env["PATH"])
     env["PYTHONPATH"] = str(REPO / "lab" / "standins" / "nvml")  # `import pynvml` -> the NVML stand-in
-    env.pop("GPUFLEET_LAB_GPU_FAULT", None)
-    if fault:
-        env["GPUFLEET_LAB_GPU_FAULT"] = fault
     extra = {
         "nvidia_smi": str(NVSMI),
         "gpu_topology_out": str(out),
@@ -66,6 +63,7 @@ def test_degraded_node_fails_the_gate(lab_node, ansible_env, tmp_path):
 
 def test_lost_gpu_fails_naming_it(lab_node, ansible_env, tmp_path):
     node = lab_node("h100-sxm-8x")
-    proc = play(node, ansible_env, tmp_path / "t.json", fault="lost:5")
+    node.inject("gpu-lost", 5)
+    proc = play(node, ansible_env, tmp_path / "t.json")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Unable to determine the device handle for GPU%s: Unknown Error" % node.gpus[5].bdf.upper() in proc.stdout

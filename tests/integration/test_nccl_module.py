@@ -203,22 +203,22 @@ def test_vfio_bound_gpu_is_not_there_for_cuda(lab_node):
 
 def test_wrong_results_fail(lab_node):
     node = lab_node("h100-sxm-8x")
-    res = run_module(
-        lab_args(node, environment={"GPUFLEET_LAB_ROOT": str(node.root), "GPUFLEET_LAB_ALLREDUCE_FAULT": "wrong"})
-    )
+    node.inject("allreduce-wrong")
+    res = run_module(lab_args(node, environment={"GPUFLEET_LAB_ROOT": str(node.root)}))
     assert res["failed"] and res["kind"] == "wrong" and res["rc"] == 1
     assert res["rows"][0]["wrong_oop"] > 0 and "data corruption" in res["reason"]
 
 
 def test_hang_is_killed_at_the_timeout(lab_node):
     node = lab_node("l40s-4x-switch")
+    node.inject("allreduce-hang")
     started = time.monotonic()
     res = run_module(
         lab_args(
             node,
             timeout=3,
             repeats=3,
-            environment={"GPUFLEET_LAB_ROOT": str(node.root), "GPUFLEET_LAB_ALLREDUCE_FAULT": "hang"},
+            environment={"GPUFLEET_LAB_ROOT": str(node.root)},
         )
     )
     assert time.monotonic() - started < 30
@@ -229,22 +229,21 @@ def test_hang_is_killed_at_the_timeout(lab_node):
 
 def test_death_mid_table_fails(lab_node):
     node = lab_node("l40s-4x-switch")
-    res = run_module(
-        lab_args(node, environment={"GPUFLEET_LAB_ROOT": str(node.root), "GPUFLEET_LAB_ALLREDUCE_FAULT": "truncate"})
-    )
+    node.inject("allreduce-truncate")
+    res = run_module(lab_args(node, environment={"GPUFLEET_LAB_ROOT": str(node.root)}))
     assert res["failed"] and res["kind"] == "exit" and res["rc"] == -9
     assert "was killed by signal 9 (last size measured: 536870912 B)" in res["reason"]
 
 
 def test_nccl_failure_before_the_first_row(lab_node):
     node = lab_node("epyc-rootport-acs")
+    node.inject("allreduce-crash")
     res = run_module(
         lab_args(
             node,
             environment={
                 "GPUFLEET_LAB_ROOT": str(node.root),
                 "NCCL_DEBUG": "INFO",
-                "GPUFLEET_LAB_ALLREDUCE_FAULT": "crash",
             },
         )
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import lab.hwmodel as hw
 from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _nvsmi
 from lab.standins import nvidia_smi as smi
 
@@ -19,7 +20,6 @@ DATA = REPO / "tests" / "data" / "nvidia-smi"
 
 @pytest.fixture
 def seed(lab_node, monkeypatch):
-    monkeypatch.delenv(smi.FAULT_ENV, raising=False)
     return lab_node("l40s-4x-switch")
 
 
@@ -81,7 +81,6 @@ def test_query_forms(seed):
 
 
 def test_query_width_follows_the_link_status_register(lab_node, monkeypatch):
-    monkeypatch.delenv(smi.FAULT_ENV, raising=False)
     node = lab_node("l40s-x8-degraded")
     _code, out, _err = smi.run(
         ["--query-gpu=index,pcie.link.width.current,pcie.link.width.max", "--format=csv,noheader,nounits"], node
@@ -90,7 +89,6 @@ def test_query_width_follows_the_link_status_register(lab_node, monkeypatch):
 
 
 def test_list_and_nvlink(lab_node, monkeypatch):
-    monkeypatch.delenv(smi.FAULT_ENV, raising=False)
     node = lab_node("h100-sxm-8x")
     _code, out, _err = smi.run(["-L"], node)
     assert out.splitlines()[0] == "GPU 0: NVIDIA H100 80GB HBM3 (UUID: %s)" % node.gpus[0].uuid
@@ -104,9 +102,6 @@ def test_gpu_facts_come_from_the_model_profile(lab_node, monkeypatch, profile):
     """Compute capability (nvidia-smi and NVML) and NVLink rate (nvidia-smi) are the GPU model's."""
     import importlib.util
 
-    import lab.hwmodel as hw
-
-    monkeypatch.delenv(smi.FAULT_ENV, raising=False)
     node = lab_node(profile)
     models = {m["name"]: m for m in hw.profiles.GPU_MODELS.values()}
     _code, out, _err = smi.run(["--query-gpu=name,compute_cap", "--format=csv,noheader"], node)
@@ -127,41 +122,44 @@ def test_gpu_facts_come_from_the_model_profile(lab_node, monkeypatch, profile):
 
 
 def test_vfio_gpu_is_not_listed(lab_node, monkeypatch):
-    monkeypatch.delenv(smi.FAULT_ENV, raising=False)
     node = lab_node("vfio-passthrough")
     _code, out, _err = smi.run(["--query-gpu=index,pci.bus_id", "--format=csv,noheader"], node)
     assert out.splitlines() == ["0, 00000000:43:00.0", "1, 00000000:44:00.0", "2, 00000000:48:00.0"]
 
 
 @pytest.mark.parametrize(
-    "fault,code,first_line",
+    "fault,gpu,code,first_line",
     [
         (
             "driver-not-loaded",
+            0,
             9,
             "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
             "Make sure that the latest NVIDIA driver is installed and running.",
         ),
-        ("no-devices", 6, "No devices were found"),
-        ("lost:1", 15, "Unable to determine the device handle for GPU0000:44:00.0: Unknown Error"),
-        ("library-mismatch", 18, "Failed to initialize NVML: Driver/library version mismatch"),
+        ("no-devices", 0, 6, "No devices were found"),
+        ("gpu-lost", 1, 15, "Unable to determine the device handle for GPU0000:44:00.0: Unknown Error"),
+        ("library-mismatch", 0, 18, "Failed to initialize NVML: Driver/library version mismatch"),
     ],
 )
-def test_faults_print_the_real_texts(lab_node, monkeypatch, fault, code, first_line):
+def test_faults_print_the_real_texts(lab_node, monkeypatch, fault, gpu, code, first_line):
     node = lab_node("l40s-4x-switch")
     monkeypatch.setenv("GPUFLEET_LAB_ROOT", str(node.root))
-    monkeypatch.setenv(smi.FAULT_ENV, fault)
+    node.inject(fault, gpu)
     proc = subprocess.run([NVSMI, "topo", "-m"], capture_output=True, text=True)
     assert proc.returncode == code and proc.stdout.splitlines()[0] == first_line
 
 
-def test_fault_from_the_profile(tmp_path, monkeypatch):
-    import lab.hwmodel as hw
-
-    monkeypatch.delenv(smi.FAULT_ENV, raising=False)
-    node = hw.build("h100-sxm-8x", tmp_path / "m", fault={"gpu": "lost:7"})
+def test_a_lost_gpu_stays_lost_until_clear(lab_node):
+    """The driver faults live in the machine's health state: a reboot keeps them, `clear` ends them."""
+    node = lab_node("h100-sxm-8x")
+    node.inject("gpu-lost", 7)
+    node.reset_firmware()
     code, out, _err = smi.run(["-L"], node)
     assert code == 15 and node.gpus[7].bdf.upper() in out
+    assert hw.health.keeps_out(node.root, node.data) == ["GPU 7: lost"]
+    node.inject("clear")
+    assert smi.run(["-L"], node)[0] == 0 and hw.health.keeps_out(node.root, node.data) == []
 
 
 def test_without_a_lab_machine_it_is_a_host_without_driver(monkeypatch):

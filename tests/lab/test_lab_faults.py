@@ -31,8 +31,6 @@ FABRICMANAGER = str(REPO / "lab" / "bin" / "nv-fabricmanager")
 
 def run(node, *argv):
     env = dict(os.environ, **{hw.ROOT_ENV: str(node.root), "GPUFLEET_LAB_SEED": "1"})
-    env.pop("GPUFLEET_LAB_GPU_FAULT", None)
-    env.pop("GPUFLEET_LAB_ALLREDUCE_FAULT", None)
     proc = subprocess.run(list(argv), capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
@@ -84,7 +82,9 @@ def busbw(node):
 
 @pytest.fixture
 def nvml(monkeypatch):
-    spec = importlib.util.spec_from_file_location("gpufleet_lab_pynvml_faults", REPO / "lab" / "standins" / "nvml" / "pynvml.py")
+    spec = importlib.util.spec_from_file_location(
+        "gpufleet_lab_pynvml_faults", REPO / "lab" / "standins" / "nvml" / "pynvml.py"
+    )
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)
     spec.loader.exec_module(module)
@@ -95,7 +95,6 @@ def nvml(monkeypatch):
 def h100(lab_node, monkeypatch):
     node = lab_node("h100-sxm-8x")
     monkeypatch.setenv(hw.ROOT_ENV, str(node.root))
-    monkeypatch.delenv("GPUFLEET_LAB_GPU_FAULT", raising=False)
     return node
 
 
@@ -103,7 +102,6 @@ def h100(lab_node, monkeypatch):
 def l40s(lab_node, monkeypatch):
     node = lab_node("l40s-4x-switch")
     monkeypatch.setenv(hw.ROOT_ENV, str(node.root))
-    monkeypatch.delenv("GPUFLEET_LAB_GPU_FAULT", raising=False)
     return node
 
 

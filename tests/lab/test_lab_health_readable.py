@@ -34,7 +34,6 @@ def in_process(argv):
 def test_healthy_lab_node_is_read_whole_by_both_backends(lab_node, monkeypatch, profile):
     node = lab_node(profile)
     monkeypatch.setenv("GPUFLEET_LAB_ROOT", str(node.root))
-    monkeypatch.delenv(smi.FAULT_ENV, raising=False)
     records = {
         "nvml": _collect.collect_nvml(load_stub()),
         "nvidia_smi": _collect.collect_nvidia_smi(in_process, "nvidia-smi"),

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-import lab.hwmodel as hw
 from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _judge, _output
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,8 +87,9 @@ def test_cuda_sees_only_nvidia_bound_gpus(lab_node):
 
 
 @pytest.mark.parametrize("fault,rc", [("wrong", 1), ("truncate", -9), ("crash", 1)])
-def test_profile_faults(tmp_path, fault, rc):
-    node = hw.build("l40s-4x-switch", tmp_path / "n", fault={"allreduce": fault})
+def test_faults_of_the_model(lab_node, fault, rc):
+    node = lab_node("l40s-4x-switch")
+    node.inject("allreduce-" + fault)
     code, _out, parsed = run(node, "-b", "256K", "-e", "16M", "-f", "2", "-g", "4")
     assert code == rc
     verdict = _judge.judge(parsed, 1.0, rc=code)
@@ -103,8 +103,9 @@ def test_profile_faults(tmp_path, fault, rc):
         assert not parsed["rows"] and "Test NCCL failure" in parsed["failures"][0]
 
 
-def test_hang_honours_the_test_timeout(tmp_path):
-    node = hw.build("l40s-4x-switch", tmp_path / "n", fault={"allreduce": "hang"})
+def test_hang_honours_the_test_timeout(lab_node):
+    node = lab_node("l40s-4x-switch")
+    node.inject("allreduce-hang")
     rc, out, parsed = run(node, "-b", "1M", "-e", "64M", "-f", "2", "-g", "4", "-T", "1")
     assert rc == 1 and "Test timeout (-T 1) expired" in out and len(parsed["rows"]) == 3
 

@@ -24,10 +24,9 @@ nvmlDeviceGetRetiredPages* (NotSupported: these GPUs remap rows), nvmlDeviceGetC
 nvmlDeviceGetNvLinkState (FEATURE_DISABLED for a link that is down), nvmlDeviceGetNvLinkErrorCounter,
 nvmlDeviceGetPcieReplayCounter.
 
-Faults (profile `fault['gpu']` or $GPUFLEET_LAB_GPU_FAULT, as for nvidia-smi):
-`driver-not-loaded` -> nvmlInit raises NVMLError_DriverNotLoaded; `library-mismatch` ->
-NVMLError_LibRmVersionMismatch; `no-devices` -> a count of 0; `lost:<n>` -> the handle of model
-GPU n raises NVMLError_Unknown.  Without $GPUFLEET_LAB_ROOT nvmlInit raises
+Driver faults (the machine's health state, as for nvidia-smi): `driver-not-loaded` -> nvmlInit
+raises NVMLError_DriverNotLoaded; `library-mismatch` -> NVMLError_LibRmVersionMismatch;
+`no-devices` -> a count of 0; `gpu-lost` -> the handle of that GPU raises NVMLError_Unknown.  Without $GPUFLEET_LAB_ROOT nvmlInit raises
 NVMLError_LibraryNotFound, as on a host without the driver.
 """
 
@@ -339,8 +338,7 @@ def nvmlDeviceGetHandleByIndex(index):
     if not isinstance(index, int) or not 0 <= index < len(gpus):
         raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
     gpu = gpus[index]
-    kind, arg = _smi.gpu_fault(_node())
-    if kind == "lost" and _node().gpus[arg] is gpu:
+    if _node().gpu_lost(gpu.index):
         raise NVMLError(NVML_ERROR_UNKNOWN)
     return c_nvmlDevice_t(index, gpu)
 

@@ -17,7 +17,10 @@ position, because the real outputs differ between drivers and between a terminal
 * ``nvidia-smi topo -p2p r|w|n|a|p``: a GPU-by-GPU matrix of ``X OK CNS GNS TNS NS DR U``
   with its own ``Legend:`` (older drivers have no ``DR`` line).
 * ``nvidia-smi --query-gpu=... --format=csv[,noheader][,nounits]``: CSV; ``pci.bus_id`` has an
-  8-digit PCI domain (``00000000:07:00.0``) where sysfs has 4; ``[N/A]``/``[Not Supported]``.
+  8-digit PCI domain (``00000000:07:00.0``) where sysfs has 4; a value not reported is ``N/A``,
+  empty, or a bracketed placeholder (``[N/A]``, ``[Not Supported]``, ``[Requested functionality
+  has been deprecated]``); with a header, each column's unit is in its brackets
+  (``memory.total [MiB]``). Real outputs: tests/data/nvidia-smi/query-gpu/.
 * ``nvidia-smi nvlink -s``: ``GPU 0: <name> (UUID: ...)`` then ``Link N: 26.562 GB/s`` or
   ``Link N: <inactive>`` lines.
 """
@@ -390,41 +393,55 @@ def query_argv(binary, fields=QUERY_FIELDS):
     return [binary, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"]
 
 
-def _clean_value(value):
+#: Units nvidia-smi appends to a value without ``nounits``, for output without a header to name
+#: them (with a header, each column's own unit is the one in its brackets: ``memory.total [MiB]``).
+_UNITS = ("MiB", "MHz", "W", "%", "us", "ms")
+#: A header cell: the field's name, then its unit in brackets when it has one.
+_HEADER_CELL_RE = re.compile(r"^(.*?)(?:\s*\[(.*)\])?$")
+
+
+def _clean_value(value, units=_UNITS):
+    """One CSV value: None for what nvidia-smi does not report (``N/A``, nothing, or a bracketed
+    placeholder: ``[N/A]``, ``[Not Supported]``, ``[Unknown Error]``, ``[Insufficient
+    Permissions]``, ``[Requested functionality has been deprecated]``), else the text without
+    its unit."""
     value = value.strip()
-    if value in ("[N/A]", "N/A", "[Not Supported]", "[Unknown Error]", "[Insufficient Permissions]"):
+    if value in ("N/A", "") or (value.startswith("[") and value.endswith("]")):
         return None
-    for unit in (" MiB", " MHz", " W", " %"):
-        if value.endswith(unit):
-            return value[: -len(unit)]
+    for unit in units:
+        if value.endswith(" " + unit):
+            return value[: -len(unit) - 1]
     return value
 
 
 def parse_query_csv(text, fields=None):
     """Parse ``--query-gpu`` CSV into a list of ``{field: str or None}``.
 
-    With a header line (``--format=csv``) the columns are mapped by their names (units in
-    brackets dropped); without one (``noheader``) ``fields`` gives the order that was asked for.
+    With a header line (``--format=csv``) the columns are mapped by their names, and each value
+    loses the unit its column's header names (``memory.total [MiB]``); without one (``noheader``)
+    ``fields`` gives the order that was asked for, and the units nvidia-smi prints are dropped.
     """
     lines = [line for line in strip_ansi(text).splitlines() if line.strip()]
     if not lines:
         return []
     reader = csv.reader(lines, skipinitialspace=True)
     rows = list(reader)
-    first = [cell.strip() for cell in rows[0]]
-    names = [re.sub(r"\s*\[.*\]$", "", cell) for cell in first]
+    cells = [_HEADER_CELL_RE.match(cell.strip()).groups() for cell in rows[0]]
+    names = [name for name, _unit in cells]
     # A header names every field asked for (values never look like field names).
     if fields is None or set(fields) <= set(names):
         header, rows = names, rows[1:]
+        units = [(unit,) if unit else () for _name, unit in cells]
     else:
         header = list(fields)
+        units = [_UNITS] * len(header)
     result = []
     for row in rows:
         if len(row) != len(header):
             raise NvidiaSmiParseError(
                 "query CSV row has %d values for %d fields: %r" % (len(row), len(header), ", ".join(row))
             )
-        result.append({name: _clean_value(value) for name, value in zip(header, row)})
+        result.append({name: _clean_value(value, unit) for name, value, unit in zip(header, row, units)})
     return result
 
 

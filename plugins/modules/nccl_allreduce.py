@@ -410,14 +410,14 @@ verdict:
       success and on failure alike (kind C(error) with the message as the reason when the gate
       could not run). Its fields are listed in one place, the collection's docs/gate.md (the
       verdict and the readiness marker).
-  returned: always
+  returned: always, except when the arguments are refused (see P(gpufleet.node.nccl_gate_records#filter))
   type: dict
 marker:
   description:
     - The readiness marker of this boot, ready to write (JSON, keys sorted), on success and on
       failure alike; what M(gpufleet.node.node_readiness_info) and the node's HAProxy agent
       read. Its fields are listed in one place, the collection's docs/gate.md.
-  returned: always
+  returned: always, except when the arguments are refused (see P(gpufleet.node.nccl_gate_records#filter))
   type: dict
 """
 

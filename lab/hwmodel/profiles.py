@@ -71,7 +71,7 @@ GPU_MODELS = {
         "nvlink_gbps": None,
         "compute_capability": "8.0",
     },
-    # Seed 001's mixed cards (workstation/consumer boards: VGA class 0x0300).
+    # The heterogeneous node's cards (workstation/consumer boards: VGA class 0x0300).
     "RTX-A6000": {
         "name": "NVIDIA RTX A6000",
         "device_id": 0x2230,
@@ -143,11 +143,12 @@ def root_port(model, child, acs_ctl=0x0000, dev=1, fn=1):
     return {"kind": "root_port", "model": model, "acs_ctl": acs_ctl, "dev": dev, "fn": fn, "child": child}
 
 
-def _seed000(**changes):
-    """Seed 000's host: dual-socket EPYC, 4x L40S behind two Gen4 switches, ACS on at the
-    switches' downstream ports, a ConnectX-6 beside the first pair (GPUDirect RDMA)."""
+def _l40s_4x_switch(**changes):
+    """A dual-socket EPYC host, 4x L40S behind two Gen4 switches, ACS on at the switches'
+    downstream ports, a ConnectX-6 beside the first pair (GPUDirect RDMA); the base of the
+    degraded and vfio-passthrough profiles."""
     profile = {
-        "description": "Dual-socket EPYC, 4x L40S behind two PCIe Gen4 switches, ACS on (seed 000)",
+        "description": "Dual-socket EPYC, 4x L40S behind two PCIe Gen4 switches, ACS on",
         "cpu": {"sockets": 2, "cpulists": ["0-31,64-95", "32-63,96-127"]},
         "kernel_cmdline": "BOOT_IMAGE=/boot/vmlinuz-6.8.0-49-generic root=UUID=3f1c6f8e ro amd_iommu=on iommu=pt quiet",
         "iommu": {"vendor": "amd", "group_type": "identity"},
@@ -170,16 +171,17 @@ def _seed000(**changes):
 
 
 def _degraded_x8():
-    profile = _seed000(
-        description="Seed 000's host whose GPU 2 trained down to x8: must never be registered", expect_registered=False
+    profile = _l40s_4x_switch(
+        description="The 4x L40S switch host whose GPU 2 trained down to x8: must never be registered",
+        expect_registered=False,
     )
     profile["host_bridges"][0]["root_ports"][1]["child"]["children"][0]["width_current"] = 8
     return profile
 
 
 def _vfio():
-    profile = _seed000(
-        description="Seed 000's host with GPU 3 bound to vfio-pci for a VM: ACS must stay on",
+    profile = _l40s_4x_switch(
+        description="The 4x L40S switch host with GPU 3 bound to vfio-pci for a VM: ACS must stay on",
         kernel_cmdline="BOOT_IMAGE=/boot/vmlinuz-6.8.0-49-generic root=UUID=3f1c6f8e ro "
         "amd_iommu=on iommu=nopt vfio-pci.ids=10de:26b9",
         iommu={"vendor": "amd", "group_type": "DMA-FQ"},
@@ -236,11 +238,11 @@ def _h100_sxm():
 
 
 def _a6000_4090():
-    """Seed 001's heterogeneous node: one RTX A6000 (48 GB) and one RTX 4090 (24 GB) on EPYC root
+    """The heterogeneous node: one RTX A6000 (48 GB) and one RTX 4090 (24 GB) on EPYC root
     ports. Tensor parallelism cannot split a model evenly here: `gpufleet_serving_backend: auto`
     serves it with llama.cpp's layer offload."""
     profile = _epyc_rootports()
-    profile["description"] = "RTX A6000 48 GB + RTX 4090 24 GB on EPYC root ports (seed 001): llama.cpp layer offload"
+    profile["description"] = "RTX A6000 48 GB + RTX 4090 24 GB on EPYC root ports: llama.cpp layer offload"
     ports = profile["host_bridges"][0]["root_ports"]
     ports[0]["child"] = gpu("RTX-A6000")
     ports[1]["child"] = gpu("RTX-4090")
@@ -248,7 +250,7 @@ def _a6000_4090():
 
 
 _PROFILES = {
-    "l40s-4x-switch": _seed000,
+    "l40s-4x-switch": _l40s_4x_switch,
     "l40s-x8-degraded": _degraded_x8,
     "vfio-passthrough": _vfio,
     "epyc-rootport-acs": _epyc_rootports,

@@ -11,7 +11,7 @@ import struct
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpufleet.node.plugins.filter.serving_backend import serving_backend
+from ansible_collections.gpufleet.node.plugins.filter.serving_backend import llamacpp_plan, serving_backend, vllm_plan
 from ansible_collections.gpufleet.node.plugins.module_utils.serving import _llamaplan as lp
 
 gguf = pytest.importorskip("gguf")
@@ -19,7 +19,7 @@ gguf = pytest.importorskip("gguf")
 GPU = [24564]
 L40S = 46068
 #: The vLLM inputs under which one L40S does not fit a 70B model, so ``auto`` plans llama.cpp too.
-VLLM_NO_FIT = {"model": "Llama-3.3-70B-Instruct-FP8", "gpu": "NVIDIA L40S", "gpu_count": 1}
+VLLM_NO_FIT = vllm_plan("Llama-3.3-70B-Instruct-FP8", "NVIDIA L40S", 1)
 
 
 def write_gguf(path, block_count=2, head_count=4, n_tensor_layers=2, extra=None, data=True):
@@ -176,13 +176,14 @@ def test_plan_more_gpus_than_llamacpp_splits_over_is_refused():
 def test_serving_backend_bad_gguf_is_a_filter_error_naming_the_file(tmp_path):
     path = tmp_path / "magic.gguf"
     path.write_bytes(b"GGUF")
-    llamacpp = {"model_path": str(path), "gpu_memory_mib": [L40S]}
+    llamacpp = llamacpp_plan([L40S], ctx_size=4096, parallel=1, model_path=str(path))
     with pytest.raises(AnsibleFilterError, match="truncated GGUF header") as info:
         serving_backend("auto", [L40S], "x", vllm=VLLM_NO_FIT, llamacpp=llamacpp)
     assert str(path) in str(info.value)
 
 
 def test_serving_backend_gguf_absent_on_the_controller_is_not_planned(tmp_path):
-    llamacpp = {"model_path": str(tmp_path / "elsewhere.gguf"), "gpu_memory_mib": [L40S]}
+    llamacpp = llamacpp_plan([L40S], ctx_size=4096, parallel=1, model_path=str(tmp_path / "elsewhere.gguf"))
+    assert llamacpp["here"] is False
     choice = serving_backend("auto", [L40S], "x", vllm=VLLM_NO_FIT, llamacpp=llamacpp)
     assert choice["plans"]["llamacpp"] is None

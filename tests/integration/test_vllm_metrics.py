@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -32,6 +33,86 @@ def test_every_sample_records_its_source():
     assert len(files) >= 4
     for f in files:
         assert f.read_text().startswith("# SOURCE: https://github.com/"), f
+
+
+def test_every_sample_is_in_the_source_table():
+    table = (DATA / "SOURCE.md").read_text()
+    for f in sorted(DATA.glob("*.prom")):
+        assert f"| `{f.name}` |" in table, f.name
+
+
+# --- the pinned release's names (v0.33.0-two-engines.prom, vLLM 0.33.0's own exporter) -----------
+
+PINNED = "v0.33.0-two-engines.prom"
+ROLE = Path(__file__).resolve().parents[2] / "roles" / "monitoring"
+READERS = {
+    "the shipped rules": ROLE / "files" / "gpufleet.rules.yml",
+    "the rules' template": ROLE / "templates" / "etc" / "prometheus" / "rules.d" / "gpufleet.rules.yml.j2",
+    "the dashboard": ROLE / "files" / "gpufleet.dashboard.json",
+}
+
+
+def exported_families(text):
+    """The metric families an exposition declares (its TYPE lines)."""
+    return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+
+
+def names_missing(reader_text, exposition_text):
+    """The vllm: names a rule file or dashboard reads that the exposition does not export (a
+    histogram's _bucket, _sum and _count series are its family's)."""
+    families = exported_families(exposition_text)
+    read = set(re.findall(r"vllm:[a-z_]+", reader_text))
+    return sorted(n for n in read if n not in families and re.sub(r"_(bucket|sum|count)$", "", n) not in families)
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_the_alerts_and_the_dashboard_read_names_the_pinned_vllm_exports(reader):
+    text = READERS[reader].read_text()
+    assert re.findall(r"vllm:[a-z_]+", text), reader
+    assert names_missing(text, sample(PINNED)) == [], reader
+
+
+def test_a_rule_on_a_name_vllm_no_longer_exports_is_caught():
+    old = "- alert: X\n  expr: max by (node) (vllm:gpu_cache_usage_perc) >= 0.88\n"
+    assert names_missing(old, sample(PINNED)) == ["vllm:gpu_cache_usage_perc"]
+    assert names_missing(old, sample("v0-qwenvl-old-names.prom")) == []
+
+
+def test_the_parser_reads_every_name_it_prefers_from_the_pinned_release():
+    families = exported_families(sample(PINNED))
+    for figure, names in {**vm.GAUGES, **vm.HISTOGRAMS}.items():
+        vllm_names = [n for n in names if n.startswith("vllm:")]
+        assert vllm_names[0] in families, (figure, vllm_names[0])
+
+
+def test_the_pinned_release_two_engines_parse():
+    """Engines summed, the KV usage the fullest engine's; TTFT quantiles from the release's own
+    buckets (six first tokens: 0.06, 0.08, 0.11, 0.12, 0.35, 0.9 s)."""
+    scrape = vm.parse(sample(PINNED))
+    g = scrape["gauges"]
+    assert scrape["engines"] == ["0", "1"]
+    assert {f: (e["name"], e["value"]) for f, e in g.items()} == {
+        "num_requests_running": ("vllm:num_requests_running", 7.0),
+        "num_requests_waiting": ("vllm:num_requests_waiting", 1.0),
+        "kv_cache_usage_perc": ("vllm:kv_cache_usage_perc", 0.42),
+        "num_preemptions_total": ("vllm:num_preemptions_total", 2.0),
+    }
+    assert g["kv_cache_usage_perc"]["per_engine"] == {"0": 0.42, "1": 0.17}
+    h = scrape["histograms"]
+    assert h["ttft_seconds"]["name"] == "vllm:time_to_first_token_seconds" and h["ttft_seconds"]["count"] == 6
+    q = vm.quantiles(h["ttft_seconds"]["buckets"])
+    assert q["p50"] == pytest.approx(0.1 + 0.15 * (3 - 2) / (4 - 2))  # in the (0.1, 0.25] bucket
+    assert q["p95"] == pytest.approx(0.75 + 0.25 * (0.95 * 6 - 5) / 1)  # in the (0.75, 1.0] bucket
+    assert h["itl_seconds"]["name"] == "vllm:inter_token_latency_seconds" and h["itl_seconds"]["count"] == 30
+
+
+def test_module_on_the_pinned_release_exposition(run_module, metrics_server):
+    url = "http://127.0.0.1:%d" % metrics_server.server_address[1]
+    _Metrics.texts = [sample(PINNED)]
+    res = run_module("vllm_metrics_info", {"url": url, "samples": 1, "interval": 0})
+    assert not res.get("failed") and res["healthy"] is True and res["violations"] == [], res
+    assert res["metrics"]["names"]["kv_cache_usage_perc"] == "vllm:kv_cache_usage_perc"
+    assert res["metrics"]["engines"] == 2 and res["metrics"]["kv_cache_usage_perc"] == 0.42
 
 
 def test_old_release_names_are_understood():

@@ -4,9 +4,9 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """HAProxy's runtime API (the admin stats socket), and the server lines of a backend's config.
 
-The one runtime-API client of the collection: used by the haproxy_pool_member module, by the
-node's worker-recycle agent (installed with it on the node, as the agent's module_utils tree), and by the
-lab's balancer. Plain Python 3 standard library, no Ansible.
+The one runtime-API client of the collection: used by the haproxy_pool_member module and by the
+node's worker-recycle agent (installed with it on the node, as the agent's module_utils tree); the
+lab reads the pool with its own reader (lab/haproxy.py). Plain Python 3 standard library, no Ansible.
 
 Dynamic servers need HAProxy 2.4+ (Debian 12 ships 2.6): a server added with ``add server``
 starts in maintenance, ``enable health`` and ``enable server`` put it in service; only a server

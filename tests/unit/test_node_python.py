@@ -28,24 +28,31 @@ def facts(release):
 
 def fresh(release):
     """What node_python_info finds on a fresh install of the release: the recorded answer of a real
-    root filesystem where there is one, else the release's own python3 as its facts name it
-    (venv not installed: a cloud image's default)."""
+    root filesystem where there is one, else the release's own Python as its facts name it,
+    without venv (a cloud image's default), found as the probe finds it: under its versioned name
+    when that is a candidate (python3.11-3.13; /usr/bin/python3 is a link to it on Debian and
+    Ubuntu, as debian-13.node_python_info.json shows), and as python3."""
     recorded = DATA / ("%s.node_python_info.json" % release)
     if recorded.exists():
         return json.loads(recorded.read_text())["interpreters"]
     python = facts(release)["python"]
     version = [python["version"][k] for k in ("major", "minor", "micro")]
-    name = python["executable"].rsplit("/", 1)[-1]
-    return [{"name": name, "path": python["executable"], "version": version, "venv": False}]
+    versioned = "python%d.%d" % tuple(version[:2])
+    found = []
+    if versioned in np.CANDIDATES:
+        found.append({"name": versioned, "path": "/usr/bin/" + versioned, "version": version, "venv": False})
+    found.append({"name": "python3", "path": "/usr/bin/python3", "version": version, "venv": False})
+    assert python["executable"] in [f["path"] for f in found], python
+    return found
 
 
 # release: (how, python, packages, pkg_mgr) on a fresh node; refused: the texts the message holds
 TABLE = {
     "debian-11": ("refused", "", [], ""),
-    "debian-12": ("found+venv", "/usr/bin/python3", ["python3-venv"], "apt"),
-    "debian-13": ("found+venv", "/usr/bin/python3.13", ["python3.13-venv"], "apt"),
+    "debian-12": ("found+venv", "/usr/bin/python3.11", ["python3-venv"], "apt"),
+    "debian-13": ("found+venv", "/usr/bin/python3.13", ["python3-venv"], "apt"),
     "ubuntu-22.04": ("package", "/usr/bin/python3.11", ["python3.11", "python3.11-venv"], "apt"),
-    "ubuntu-24.04": ("found+venv", "/usr/bin/python3.12", ["python3.12-venv"], "apt"),
+    "ubuntu-24.04": ("found+venv", "/usr/bin/python3.12", ["python3-venv"], "apt"),
     "rhel-9": ("package", "/usr/bin/python3.11", ["python3.11"], "dnf"),
 }
 
@@ -158,8 +165,13 @@ def test_an_operator_python_that_cannot_serve_is_refused(found, requested, text)
 
 
 def test_a_system_python_without_venv_gets_its_own_venv_package():
+    """The release's default Python gets python3-venv (which follows the default), another one
+    of the distribution's its python3.X-venv."""
     assert np.venv_package({"os_family": "Debian"}, "/usr/bin/python3") == "python3-venv"
     assert np.venv_package({"os_family": "Debian"}, "/usr/bin/python3.11") == "python3.11-venv"
+    default = [{"name": "python3", "path": "/usr/bin/python3", "version": [3, 11, 2], "venv": False}]
+    assert np.venv_package({"os_family": "Debian"}, "/usr/bin/python3.11", default) == "python3-venv"
+    assert np.venv_package({"os_family": "Debian"}, "/usr/bin/python3.12", default) == "python3.12-venv"
     assert np.venv_package({"os_family": "Debian"}, "/usr/local/bin/python3.11") == ""
     assert np.venv_package({"os_family": "RedHat"}, "/usr/bin/python3.11") == ""
     decision = node_python(
@@ -182,7 +194,7 @@ def test_a_ready_interpreter_wins_over_a_newer_one_that_needs_a_package():
     ]
     assert node_python(facts("debian-13"), found)["python"] == "/usr/bin/python3.12"
     found[1]["venv"] = found[2]["venv"] = False
-    assert node_python(facts("debian-13"), found)["packages"] == ["python3.13-venv"]
+    assert node_python(facts("debian-13"), found)["packages"] == ["python3.13-venv"]  # not the default
 
 
 def test_python_3_14_does_not_count():
@@ -200,7 +212,7 @@ def test_packages_only_through_the_family_package_manager():
     odd = dict(facts("debian-13"), pkg_mgr="unknown")
     decision = node_python(odd, fresh("debian-13"), host="node7")
     assert decision["how"] == "refused"
-    assert "node7 needs python3.13-venv installed, but its package manager is unknown, not apt" in decision["refused"]
+    assert "node7 needs python3-venv installed, but its package manager is unknown, not apt" in decision["refused"]
     # nothing to install: no package manager needed
     ready = [dict(f, venv=True) for f in fresh("debian-13")]
     assert node_python(odd, ready)["how"] == "found"

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import re
 
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _os_family
+
 #: The Pythons ansible-core 2.19 runs on as a controller (the node's run), first and last.
 CONTROLLER_PYTHON = ((3, 11), (3, 13))
 #: What is looked for on the node, newest first; ``python3`` counts when it is new enough.
@@ -31,8 +33,6 @@ PACKAGED = {
     ("Debian", "Ubuntu", "22"): ("/usr/bin/python3.11", ("python3.11", "python3.11-venv")),
     ("RedHat", None, "9"): ("/usr/bin/python3.11", ("python3.11",)),
 }
-#: The package managers the role installs with, by OS family.
-PKG_MGRS = {"Debian": "apt", "RedHat": "dnf"}
 
 #: Run by each candidate (``<python> -c PROBE``): its version, and whether ``python -m venv`` can
 #: bootstrap pip (Debian and Ubuntu ship ``ensurepip`` in pythonX.Y-venv, apart from the interpreter).
@@ -86,13 +86,17 @@ def _release(facts):
     return "%s %s" % (facts.get("distribution") or "an unknown system", facts.get("distribution_version") or "")
 
 
-def venv_package(facts, path):
+def venv_package(facts, path, found=()):
     """The package that gives the interpreter at ``path`` its venv (ensurepip): Debian and Ubuntu
-    split it out of their own ``/usr/bin/python3`` (``python3-venv``) and ``/usr/bin/python3.X``
-    (``python3.X-venv``); '' for any other interpreter or family."""
+    split it out of their own interpreters - ``python3-venv`` for the release's default Python
+    (``/usr/bin/python3``, or the ``/usr/bin/python3.X`` that ``found`` shows it is), else
+    ``python3.X-venv``; '' for any other interpreter or family."""
     match = _SYSTEM_PYTHON.match(str(path))
     if facts.get("os_family") != "Debian" or not match:
         return ""
+    default = [list(f["version"][:2]) for f in found if f["path"] == "/usr/bin/python3"]
+    if match.group(1) == "python3" or (default and match.group(1) == "python%d.%d" % tuple(default[0])):
+        return "python3-venv"
     return "%s-venv" % match.group(1)
 
 
@@ -139,7 +143,7 @@ def _decision(facts, python, version, packages, how):
         "python": python,
         "version": version,
         "packages": list(packages),
-        "pkg_mgr": PKG_MGRS.get(facts.get("os_family"), "") if packages else "",
+        "pkg_mgr": _os_family.package_manager(facts) if packages else "",
         "how": how,
         "refused": "",
     }
@@ -156,12 +160,12 @@ def _refused(host, what, facts):
     }
 
 
-def _use(facts, host, entry, how):
+def _use(facts, host, entry, how, found):
     """An interpreter that is new enough: as it is, or with its venv package, or refused."""
     version = _dotted(entry["version"])
     if entry["venv"]:
         return _decision(facts, entry["path"], version, (), how)
-    package = venv_package(facts, entry["path"])
+    package = venv_package(facts, entry["path"], found)
     if not package:
         return _refused(
             host,
@@ -182,7 +186,8 @@ def choose(facts, found, requested="", host="the node"):
     to choose. Returns ``{'python', 'version', 'packages', 'pkg_mgr', 'how', 'refused'}``:
 
     1. ``requested``: that interpreter, when the probe found it new enough; with its venv package
-       where it lacks venv (Debian family, /usr/bin only); else refused.
+       where it lacks venv (Debian family, /usr/bin only: ``python3-venv`` for the release's
+       default Python, else ``python3.X-venv``); else refused.
     2. Else an interpreter found that is new enough, one whose venv works first, then the newest
        (``how`` ``found``; ``found+venv`` when its venv package is installed first).
     3. Else the release's own package of one (:data:`PACKAGED`; ``how`` ``package``).
@@ -203,13 +208,13 @@ def choose(facts, found, requested="", host="the node"):
                 % (VARIABLE, requested, _dotted(entry["version"]), _needed()),
                 facts,
             )
-        decision = _use(facts, host, entry, "requested")
+        decision = _use(facts, host, entry, "requested", found)
     else:
         usable = [f for f in found if supported(f["version"])]
         # stable: a ready one before one that needs its venv package, then the newest
         usable.sort(key=lambda f: (not f["venv"], [-v for v in f["version"][:2]]))
         if usable:
-            decision = _use(facts, host, usable[0], "found")
+            decision = _use(facts, host, usable[0], "found", found)
         else:
             package = packaged(facts)
             if package is None:

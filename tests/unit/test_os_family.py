@@ -1,0 +1,121 @@
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The OS family paths (module_utils/common/_os_family.py, filter kernel_param_plan), chosen from
+the real ``ansible_facts`` of each supported release (tests/data/ansible-facts/): apt and a GRUB
+drop-in with update-grub on the Debian family, dnf and grubby on the RHEL family; grubby's plan on a
+real ``grubby --info=ALL`` (tests/data/grubby/, SOURCE there). The RHEL branch cannot run here: this
+is where it is tested."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpufleet.node.plugins.filter.os_family import kernel_param_plan, os_family_paths
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _os_family
+from tests.unit.test_node_python import TABLE, facts
+
+GRUBBY = (Path(__file__).resolve().parents[1] / "data" / "grubby" / "rhel-9.1-info-all.txt").read_text()
+PARAM = "pci=disable_acs_redir=0000:40:01.1;0000:42:00.0"
+KERNELS = [
+    "/boot/vmlinuz-5.14.0-162.6.1.el9_1.x86_64",
+    "/boot/vmlinuz-5.14.0-70.13.1.el9_0.x86_64",
+    "/boot/vmlinuz-0-rescue-4d684a4a6166439a867e701ded4f7e10",
+]
+
+DEBIAN = ("Debian", "apt", "grub_dropin", "/usr/bin/setpci")
+PATHS = {
+    "debian-11": DEBIAN,
+    "debian-12": DEBIAN,
+    "debian-13": DEBIAN,
+    "ubuntu-22.04": DEBIAN,
+    "ubuntu-24.04": DEBIAN,
+    "rhel-9": ("RedHat", "dnf", "grubby", "/usr/sbin/setpci"),
+}
+
+
+def test_every_release_of_the_table_has_its_paths():
+    assert set(PATHS) == set(TABLE)
+
+
+@pytest.mark.parametrize("release", sorted(PATHS))
+def test_the_paths_of_each_release_come_from_its_facts(release):
+    family, pkg_mgr, route, setpci = PATHS[release]
+    expected = {"family": family, "pkg_mgr": pkg_mgr, "kernel_param": route, "setpci": setpci}
+    assert _os_family.paths(facts(release)) == expected == os_family_paths(facts(release))
+    assert _os_family.package_manager(facts(release)) == pkg_mgr
+    assert facts(release)["pkg_mgr"] == pkg_mgr  # what setup itself says on that release
+    plan = kernel_param_plan(facts(release), PARAM, GRUBBY if route == "grubby" else "")
+    assert (plan["family"], plan["route"]) == (family, route)
+    if route == "grub_dropin":
+        assert plan["commands"] == []  # the drop-in and update-grub are the role's own tasks
+
+
+def test_another_family_is_refused_naming_the_system():
+    suse = {"os_family": "Suse", "distribution": "SLES", "distribution_version": "15.6"}
+    with pytest.raises(_os_family.UnsupportedFamily, match=r"SLES 15.6 \(OS family Suse\) is not a system"):
+        _os_family.paths(suse)
+    with pytest.raises(AnsibleFilterError, match="the Debian and RedHat families"):
+        kernel_param_plan(suse, PARAM)
+    with pytest.raises(AnsibleFilterError, match="os_family_paths: SLES 15.6"):
+        os_family_paths(suse)
+    assert _os_family.package_manager(suse) == ""
+
+
+def test_grubby_entries_are_read_by_their_labels():
+    entries = _os_family.grubby_entries(GRUBBY)
+    assert [e["kernel"] for e in entries] == KERNELS
+    assert entries[0]["args"][:2] == ["ro", "crashkernel=1G-4G:192M,4G-64G:256M,64G-:512M"]
+    assert entries[0]["args"][-1] == "retbleed=stuff"
+    with pytest.raises(ValueError, match="no boot entry"):
+        _os_family.grubby_entries("grubby: command not found\n")
+
+
+def test_every_installed_kernel_gets_the_parameter_quoted():
+    plan = kernel_param_plan(facts("rhel-9"), PARAM, GRUBBY)
+    assert plan["commands"] == [["grubby", "--update-kernel=ALL", '--args="%s"' % PARAM]]
+
+
+def test_only_the_entries_that_lack_it_are_changed():
+    """A kernel installed after the parameter was set (the first entry) gets it alone."""
+    lines = _with_args(GRUBBY, '"%s"' % PARAM).splitlines()
+    lines[2] = next(line for line in GRUBBY.splitlines() if line.startswith('args="'))
+    commands = kernel_param_plan(facts("rhel-9"), PARAM, "\n".join(lines))["commands"]
+    assert commands == [["grubby", "--update-kernel=%s" % KERNELS[0], '--args="%s"' % PARAM]]
+
+
+def _with_args(text, extra):
+    """The grubby listing after grubby added ``extra`` to every entry's args."""
+    return "\n".join(line[:-1] + " " + extra + '"' if line.startswith('args="') else line for line in text.splitlines())
+
+
+def test_a_second_run_changes_nothing():
+    done = _with_args(GRUBBY, '"%s"' % PARAM)
+    assert kernel_param_plan(facts("rhel-9"), PARAM, done)["commands"] == []
+    # grubby may have stored it without the quotes
+    assert kernel_param_plan(facts("rhel-9"), PARAM, _with_args(GRUBBY, PARAM))["commands"] == []
+
+
+def test_another_bridge_set_replaces_the_old_one_and_other_pci_options_stay():
+    """grubby replaces an argument by its name: the entry's pci= options become one word, the
+    other options kept, the old ACS list replaced."""
+    old = _with_args(GRUBBY, 'pci=noaer "pci=disable_acs_redir=0000:40:01.1"')
+    commands = kernel_param_plan(facts("rhel-9"), PARAM, old)["commands"]
+    assert commands == [
+        [
+            "grubby",
+            "--update-kernel=ALL",
+            '--remove-args=pci=noaer "pci=disable_acs_redir=0000:40:01.1"',
+            '--args="pci=noaer,%s"' % PARAM[len("pci=") :],
+        ]
+    ]
+    done = _with_args(GRUBBY, '"pci=noaer,%s"' % PARAM[len("pci=") :])
+    assert kernel_param_plan(facts("rhel-9"), PARAM, done)["commands"] == []
+
+
+def test_only_an_acs_kernel_parameter_is_planned():
+    with pytest.raises(AnsibleFilterError, match="is not a pci=disable_acs_redir= kernel parameter"):
+        kernel_param_plan(facts("rhel-9"), "iommu=pt", GRUBBY)
+    with pytest.raises(AnsibleFilterError, match="expects the node's ansible_facts"):
+        kernel_param_plan("RedHat", PARAM)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import lab.hwmodel as hw
 
-from . import llamacpp, preflight, rootfs
+from . import llamacpp, preflight, rootfs, wheelhouse
 from .balancer import Balancer
 from .machine import HW_IN_NODE, SSH_PORT, Machine, cgroup_pids, remove_cgroup, ssh_keygen
 from .preflight import LabError
@@ -103,11 +103,9 @@ def plan_releases(count, releases=None):
 
 
 def node_wheelhouse():
-    """The wheelhouse of the nodes' boot validation runtime that scripts/setup.sh downloads once:
-    <cache>/gpufleet/wheelhouse-<first 16 hex digits of requirements-node.txt's sha256>."""
-    reqs = REPO / "roles/boot_validation/files/requirements-node.txt"
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "gpufleet" / f"wheelhouse-{hashlib.sha256(reqs.read_bytes()).hexdigest()[:16]}"
+    """The wheelhouse of the nodes' boot validation runtime that scripts/setup.sh downloads once
+    (lab/wheelhouse.py: the wheels for every Python a node's runtime may run on)."""
+    return wheelhouse.path()
 
 
 class Fleet:

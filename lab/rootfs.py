@@ -41,7 +41,7 @@ from . import preflight
 from .preflight import LabError
 
 #: Bump when the way a tree is made changes: every cached tree is then rebuilt.
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 MIRROR = "http://deb.debian.org/debian"
 #: The controller's own release: its nodes' lower layer is the controller's root.
 HOST_RELEASE = "bookworm"
@@ -53,7 +53,9 @@ RELEASES = {
     "trixie": {"version": "13", "sshd_setenv": True},
 }
 #: A bare-metal node before Ansible: an init, its bus and login manager, sshd, the Python Ansible
-#: needs, the network tools.  minbase adds the essential set (coreutils, util-linux, apt, ...).
+#: needs with its apt binding (Debian's standard install has python3-apt through reportbug, Ubuntu's
+#: server and cloud images through their seeds; Ansible's apt module needs it), the network tools.
+#: minbase adds the essential set (coreutils, util-linux, apt, ...).
 BASE_PACKAGES = (
     "systemd",
     "systemd-sysv",
@@ -61,20 +63,20 @@ BASE_PACKAGES = (
     "libpam-systemd",
     "openssh-server",
     "python3",
+    "python3-apt",
     "iproute2",
     "procps",
     "kmod",
     "ca-certificates",
 )
 #: What the roles install on a node (monitoring: the node exporter; worker_recycle: the metrics
-#: parser; boot_validation: venv support; the modules: pciutils; Ansible's apt module:
-#: python3-apt), offered in the node's local archive, never installed by the build.
+#: parser; boot_validation: venv support; pcie_p2p: pciutils' setpci), offered in the node's
+#: local archive, never installed by the build.
 ROLE_PACKAGES = (
     "pciutils",
     "prometheus-node-exporter",
     "python3-prometheus-client",
     "python3-venv",
-    "python3-apt",
 )
 ARCHIVE_IN_NODE = "/var/lib/gpufleet-lab/archive"
 SOURCES_LIST = f"""\

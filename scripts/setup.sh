@@ -36,15 +36,21 @@ fi
 strategy=$("$repo/.venv/bin/python" -c 'import ansible_mitogen, os; print(os.path.join(os.path.dirname(ansible_mitogen.__file__), "plugins", "strategy"))')
 ln -sfn "$strategy" "$repo/.venv/mitogen-strategy"
 # The wheelhouse of a node's own boot validation (role boot_validation, boot_validation_wheelhouse):
-# the wheels of roles/boot_validation/files/requirements-node.txt, downloaded once and cached by
-# that file's hash, so that the lab's nodes (and anything after this step) need no network.
+# the wheels of roles/boot_validation/files/requirements-node.txt for each Python a node's runtime
+# may run on (lab/wheelhouse.py: 3.11 to 3.13), downloaded once and cached by the file's hash and
+# those versions, so that the lab's nodes (and anything after this step) need no network.
 node_reqs=$repo/roles/boot_validation/files/requirements-node.txt
-wheelhouse=${XDG_CACHE_HOME:-$HOME/.cache}/gpufleet/wheelhouse-$(sha256sum "$node_reqs" | cut -c1-16)
+wheelhouse_info=$(cd "$repo" && "$repo/.venv/bin/python" -m lab.wheelhouse)
+wheelhouse=${wheelhouse_info% *}
+node_pythons=${wheelhouse_info##* }
 if [[ ! -d $wheelhouse ]]; then
   echo "setup: downloading the nodes' wheelhouse into $wheelhouse"
   mkdir -p "$(dirname "$wheelhouse")"
   tmp=$(mktemp -d "$wheelhouse.tmp.XXXXXX")
-  "$repo/.venv/bin/pip" download -q --disable-pip-version-check --only-binary=:all: -d "$tmp" -r "$node_reqs"
+  for version in ${node_pythons//,/ }; do
+    "$repo/.venv/bin/pip" download -q --disable-pip-version-check --only-binary=:all: --python-version "$version" \
+      -d "$tmp" -r "$node_reqs"
+  done
   mv -T "$tmp" "$wheelhouse"
 fi
 # pytest for the node Pythons (tests/node_pythons): pure-Python wheels that run on 3.9 and 3.13,

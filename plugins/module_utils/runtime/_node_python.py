@@ -125,7 +125,7 @@ def _found_text(found, facts):
 def _refusal(host, what, facts):
     return (
         "%s cannot run its own boot validation: %s Point %s at a Python %s-%s you installed on %s "
-        "(with its venv module), or set gpufleet_boot_validation=false (vLLM then starts at boot, "
+        "(with its venv module), or set gpufleet_boot_validation=false (its server then starts at boot, "
         "and the node's agent keeps it out of the pool until site.yml has measured it)."
         % (
             host,

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -117,15 +118,21 @@ def built(release):
 def python_version(release):
     """The version of python3 on a node of ``release`` (None for a tree not built yet)."""
     if release == HOST_RELEASE:
-        proc = subprocess.run(
-            ["/usr/bin/python3", "-c", "import platform; print(platform.python_version())"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        return proc.stdout.strip() or None
+        return _host_python()
     record = built(release)
     return record["python"] if record else None
+
+
+@functools.cache
+def _host_python():
+    """The controller's /usr/bin/python3 version: a bookworm node's, whose root is the controller's."""
+    proc = subprocess.run(
+        ["/usr/bin/python3", "-c", "import platform; print(platform.python_version())"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return proc.stdout.strip() or None
 
 
 def _run(argv, what, **kwargs):
@@ -290,24 +297,37 @@ def ensure(release, progs=None, log=print):
     return record
 
 
+def _inside(root, path):
+    """``path`` as the tree at ``root`` sees it: every symbolic link along it (absolute ones
+    too) resolved within the tree, never into the controller's root."""
+    parts, resolved, hops = [p for p in Path(path).parts if p != "/"], [], 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            resolved = resolved[:-1]
+            continue
+        candidate = root.joinpath(*resolved, part)
+        if candidate.is_symlink():
+            hops += 1
+            if hops > 40:
+                raise LabError(f"too many symbolic links resolving {path} in {root}")
+            target = os.readlink(candidate)
+            if target.startswith("/"):
+                resolved = []
+            parts = [p for p in Path(target).parts if p != "/"] + parts
+            continue
+        resolved.append(part)
+    return root.joinpath(*resolved)
+
+
 def interpreter(release):
     """argv that runs the tree's own python3 from the controller, with the tree's own libraries
     (its dynamic loader and library directories): no chroot, so it reads the checkout."""
     root = path(release) / "root"
-
-    def inside(link):  # resolve a path as the tree sees it (absolute links point into the tree)
-        p = Path(link)
-        for _ in range(40):
-            full = root / str(p).lstrip("/")
-            if not full.is_symlink():
-                return full
-            target = Path(os.readlink(full))
-            p = target if target.is_absolute() else (Path("/") / p.parent / target)
-            p = Path(os.path.normpath(p))
-        raise LabError(f"too many symbolic links resolving {link} in {root}")
-
-    python = inside("/usr/bin/python3")
-    loader = inside("/lib64/ld-linux-x86-64.so.2")
+    python = _inside(root, "/usr/bin/python3")
+    loader = _inside(root, "/lib64/ld-linux-x86-64.so.2")
     libs = [str(root / d) for d in ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu")]
     return [str(loader), "--library-path", ":".join(libs), str(python)]
 

@@ -49,6 +49,83 @@ def test_node_spec_names_its_release(tmp_path):
     assert Fleet(tmp_path)._node_spec(1, "node2", PROFILE, net)["os"] == "bookworm"
 
 
+def test_rootfs_key_follows_the_release_the_packages_and_the_builder(monkeypatch):
+    keys = {rootfs.key("trixie"), rootfs.key("bullseye")}
+    monkeypatch.setattr(rootfs, "BASE_PACKAGES", (*rootfs.BASE_PACKAGES, "vim"))
+    keys.add(rootfs.key("trixie"))
+    monkeypatch.setattr(rootfs, "BUILDER_VERSION", rootfs.BUILDER_VERSION + 1)
+    keys.add(rootfs.key("trixie"))
+    assert len(keys) == 4
+    assert rootfs.path("trixie").name == f"rootfs-trixie-{rootfs.key('trixie')}"
+
+
+def test_rootfs_refuses_an_unknown_release_and_the_controllers_own():
+    with pytest.raises(LabError, match=r"unknown Debian release 'buster'; the lab's nodes run: bullseye, bookworm"):
+        rootfs.ensure("buster")
+    with pytest.raises(LabError, match="bookworm nodes run on the controller's own root"):
+        rootfs.ensure("bookworm")
+
+
+def test_rootfs_build_names_the_missing_packages(monkeypatch, tmp_path):
+    from lab import preflight
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built there
+    monkeypatch.setattr(
+        preflight, "which", lambda prog: None if prog in ("debootstrap", "chroot") else f"/usr/bin/{prog}"
+    )
+    with pytest.raises(LabError, match=r"needs the Debian package\(s\) coreutils debootstrap: apt-get install"):
+        rootfs.ensure("trixie")
+    assert not list(tmp_path.rglob("rootfs-*")), "nothing may be made before the check"
+
+
+def test_rootfs_archive_index_is_what_apt_reads(tmp_path):
+    """Packages and Release of the nodes' local archive, for a real .deb made by dpkg-deb."""
+    import hashlib
+    import subprocess
+
+    pkg = tmp_path / "pkg"
+    (pkg / "DEBIAN").mkdir(parents=True)
+    (pkg / "DEBIAN/control").write_text(
+        "Package: gpufleet-probe\nVersion: 1.0-1\nArchitecture: all\nMaintainer: lab <lab@example.org>\n"
+        "Description: probe\n"
+    )
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    subprocess.run(["dpkg-deb", "--build", str(pkg), str(archive / "gpufleet-probe_1.0-1_all.deb")], check=True)
+    rootfs._archive_index(archive)
+    packages = (archive / "Packages").read_text()
+    data = (archive / "gpufleet-probe_1.0-1_all.deb").read_bytes()
+    fields = dict(line.split(": ", 1) for line in packages.splitlines() if ": " in line)
+    assert fields["Package"] == "gpufleet-probe" and fields["Version"] == "1.0-1"
+    assert fields["Filename"] == "./gpufleet-probe_1.0-1_all.deb"
+    assert fields["Size"] == str(len(data)) and fields["SHA256"] == hashlib.sha256(data).hexdigest()
+    release = (archive / "Release").read_text()
+    digest = hashlib.sha256((archive / "Packages").read_bytes()).hexdigest()
+    assert f" {digest} {len(packages.encode())} Packages" in release.splitlines()
+
+
+def test_rootfs_interpreter_resolves_links_inside_the_tree(monkeypatch, tmp_path):
+    """The tree's own python3 and loader, with absolute links taken inside the tree, never the
+    controller's."""
+    import os
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    root = rootfs.path("bullseye") / "root"
+    for d in ("usr/bin", "usr/lib/x86_64-linux-gnu", "usr/lib64"):
+        (root / d).mkdir(parents=True)
+    os.symlink("usr/lib", root / "lib")
+    os.symlink("usr/lib64", root / "lib64")
+    (root / "usr/bin/python3.9").write_text("")
+    os.symlink("python3.9", root / "usr/bin/python3")
+    (root / "usr/lib/x86_64-linux-gnu/ld-2.31.so").write_text("")
+    os.symlink("/lib/x86_64-linux-gnu/ld-2.31.so", root / "usr/lib64/ld-linux-x86-64.so.2")
+    argv = rootfs.interpreter("bullseye")
+    assert argv[0] == str(root / "usr/lib/x86_64-linux-gnu/ld-2.31.so")
+    assert argv[1] == "--library-path"
+    assert argv[2].split(":") == [str(root / "lib/x86_64-linux-gnu"), str(root / "usr/lib/x86_64-linux-gnu")]
+    assert argv[3] == str(root / "usr/bin/python3.9")
+
+
 class ReleasesLab(support.SessionLab):
     def up(self):
         self.cli("down", check=False)

@@ -148,3 +148,16 @@ def test_h100_nvl_without_header():
 def test_a_real_row_read_with_the_wrong_field_list_is_an_error():
     with pytest.raises(_nvsmi.NvidiaSmiParseError, match="19 values for 10 fields"):
         _nvsmi.parse_query_csv(sample("rtx2080-440.64-noheader-nounits.csv"), _nvsmi.QUERY_FIELDS)
+
+
+@pytest.mark.parametrize("placeholder", ["[Unknown Error]", "[GPU is lost]", "[Insufficient Permissions]"])
+def test_a_value_the_driver_could_not_read_is_refused_naming_the_field(placeholder):
+    """Unreadable is not healthy: the real H100 output with one value the driver could not read
+    (as ``-q`` prints them on a failing GPU) is an error naming the GPU's row and the field, never
+    a GPU whose memory is "not reported"."""
+    header, row = sample("h100-80gb-hbm3-590.48.01-header-units.csv").splitlines()[:2]
+    names = [cell.strip().split(" [")[0] for cell in header.split(",")]
+    cells = row.split(",")
+    cells[names.index("memory.total")] = " " + placeholder
+    with pytest.raises(_nvsmi.NvidiaSmiParseError, match=r"GPU row 0 .*memory\.total reads '\["):
+        _nvsmi.parse_query_csv(header + "\n" + ",".join(cells) + "\n")

@@ -393,6 +393,17 @@ def query_argv(binary, fields=QUERY_FIELDS):
     return [binary, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"]
 
 
+#: Spellings (lower case) of "the driver could not read this value", in ``-q`` reports and
+#: ``--query-gpu`` CSV alike: the value exists and is unknown, which is never "not reported".
+UNREADABLE = (
+    "unknown error",
+    "[unknown error]",
+    "gpu is lost",
+    "[gpu is lost]",
+    "insufficient permissions",
+    "[insufficient permissions]",
+)
+
 #: Units nvidia-smi appends to a value without ``nounits``, for output without a header to name
 #: them (with a header, each column's own unit is the one in its brackets: ``memory.total [MiB]``).
 _UNITS = ("MiB", "MHz", "W", "%", "us", "ms")
@@ -402,9 +413,10 @@ _HEADER_CELL_RE = re.compile(r"^(.*?)(?:\s*\[(.*)\])?$")
 
 def _clean_value(value, units=_UNITS):
     """One CSV value: None for what nvidia-smi does not report (``N/A``, nothing, or a bracketed
-    placeholder: ``[N/A]``, ``[Not Supported]``, ``[Unknown Error]``, ``[Insufficient
-    Permissions]``, ``[Requested functionality has been deprecated]``), else the text without
-    its unit."""
+    placeholder: ``[N/A]``, ``[Not Supported]``, ``[Requested functionality has been
+    deprecated]``), else the text without its unit. A value the driver could not read
+    (``[Unknown Error]``, ``[GPU is lost]``, ``[Insufficient Permissions]``) is refused by the
+    caller, never read as absent."""
     value = value.strip()
     if value in ("N/A", "") or (value.startswith("[") and value.endswith("]")):
         return None
@@ -440,6 +452,14 @@ def parse_query_csv(text, fields=None):
         if len(row) != len(header):
             raise NvidiaSmiParseError(
                 "query CSV row has %d values for %d fields: %r" % (len(row), len(header), ", ".join(row))
+            )
+        unreadable = [
+            f"{name} reads {value.strip()!r}" for name, value in zip(header, row) if value.strip().lower() in UNREADABLE
+        ]
+        if unreadable:
+            raise NvidiaSmiParseError(
+                "GPU row %d of --query-gpu: %s: the driver could not read the GPU; check the GPU and the driver "
+                "(nvidia-smi -q, the kernel log) before it serves" % (len(result), ", ".join(unreadable))
             )
         result.append({name: _clean_value(value, unit) for name, value, unit in zip(header, row, units)})
     return result

@@ -46,14 +46,7 @@ from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _nvsmi
 #: Spellings of "the GPU model lacks this field" (a warning with the reason, never a failure).
 _UNSUPPORTED = ("not supported", "[not supported]")
 #: Spellings of "the driver could not read this value" (a failure).
-_UNREADABLE = (
-    "unknown error",
-    "[unknown error]",
-    "gpu is lost",
-    "[gpu is lost]",
-    "insufficient permissions",
-    "[insufficient permissions]",
-)
+_UNREADABLE = _nvsmi.UNREADABLE
 #: Every spelling of "no value": read as absent (None) by the record's fields.
 _NOT_REPORTED = ("n/a", "[n/a]", "") + _UNSUPPORTED + _UNREADABLE
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import lab.hwmodel as hw
 
-from . import llamacpp, preflight, rootfs, wheelhouse
+from . import llamacpp, preflight, prometheus, rootfs, wheelhouse
 from .balancer import Balancer
 from .machine import HW_IN_NODE, SSH_PORT, Machine, cgroup_pids, remove_cgroup, ssh_keygen
 from .preflight import LabError
@@ -51,11 +51,12 @@ MADE = ("lab.json", "lab.tmp", "ssh", "nodes", "haproxy.cfg", "haproxy.pid", "ha
 MADE += ("prometheus", "drift")  # the lab's Prometheus and the drift report it scrapes (lab/prometheus.py)
 # The lab's secrets (vllm_server_api_key, vllm_server_hf_token): random per lab, in plain text only in
 # <state>/secrets.json (0600, for the lab's own clients and tests), in the inventory as !vault values
-# (group_vars/gpu_nodes/vault.yml next to it) encrypted with <state>/vault-password (0600): a run
+# (group_vars/all/vault.yml next to it: the nodes and the monitoring host read the API key),
+# encrypted with <state>/vault-password (0600): a run
 # of ansible-playbook on the lab needs ANSIBLE_VAULT_PASSWORD_FILE=<state>/vault-password.
 VAULT_PASSWORD = "vault-password"
 SECRETS = "secrets.json"
-VAULT_VARS = Path("group_vars") / "gpu_nodes" / "vault.yml"
+VAULT_VARS = Path("group_vars") / "all" / "vault.yml"
 MADE += (VAULT_PASSWORD, SECRETS, "group_vars")
 #: The model every serving node of the lab serves, under one name: one HAProxy pool, one model
 #: (the heterogeneous node serves the lab's tiny GGUF model under it, as a real one would serve a
@@ -275,7 +276,8 @@ class Fleet:
                 bal.write_config()
                 bal.start()
                 prom = self.prometheus(data)
-                prom.write_config(self.inventory(), data["balancer"])
+                # role monitoring writes the lab Prometheus' files (its Prometheus half, on the controller)
+                prom.write_config(self.write_inventory(self.state / "hosts.yml"), self.vault_password_file)
                 prom.start()
                 machines = self.machines(data)
                 for m in machines:
@@ -515,6 +517,10 @@ class Fleet:
                             "lb_registration_config_file": b["config"],
                             # llama.cpp (nodes that auto picks it for): the real llama-server, tiny model
                             **llamacpp.inventory_vars(self.state, LAB_MODEL),
+                            # role monitoring's node half (site.yml's step monitoring): the lab's collectors
+                            **prometheus.node_vars(),
+                            # role worker_recycle (site.yml's step worker_recycle) on the vLLM nodes
+                            "gpufleet_worker_recycle": True,
                         },
                     },
                     "balancer": {
@@ -527,9 +533,17 @@ class Fleet:
                                 "lab_haproxy_config": b["config"],
                                 "lab_haproxy_pidfile": b["pidfile"],
                                 "lab_haproxy_frontend": f"{b['address']}:{b['frontend_port']}",
+                                # where role monitoring's Prometheus scrapes HAProxy's exporter
+                                "ansible_host": b["address"],
                             }
                         },
                     },
+                    # role monitoring's Prometheus half: the lab's Prometheus, and every lab node it watches
+                    **(
+                        prometheus.inventory_groups(self.prometheus(data), b, hosts, self.progs["promtool"])
+                        if data.get("prometheus")
+                        else {}
+                    ),
                 }
             }
         }
@@ -556,7 +570,7 @@ class Fleet:
         return json.loads(path.read_text())
 
     def vault_vars(self):
-        """The text of group_vars/gpu_nodes/vault.yml: the lab's secrets as !vault values, encrypted
+        """The text of group_vars/all/vault.yml: the lab's secrets as !vault values, encrypted
         with ansible-vault's Python API (the controller's environment has ansible-core)."""
         from ansible.parsing.vault import VaultLib, VaultSecret
 

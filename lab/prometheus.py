@@ -4,25 +4,29 @@
 In a node: Debian's ``prometheus-node-exporter`` unit (enabled at the node's first boot), its
 textfile collector reading the directory the roles write their ``.prom`` files to (the dirname of
 ``nccl_gate_metrics_path``: roles nccl_gate, gpu_health and monitoring all default to it),
-listening on the node's lab address, port 9100.
+listening on the node's lab address, port 9100. site.yml's step ``monitoring`` (role monitoring's
+node half) then writes node_exporter's arguments as the role does, with the lab's collectors.
 
 On the controller, in ``<state>/prometheus/``: Debian's ``prometheus`` (own data dir, a free port
 on 127.0.0.1, scrape every 2 s, rules evaluated every second) and a second node_exporter on
 127.0.0.1 that serves only the textfile collector of ``<state>/drift`` (where the drift report's
-``gpufleet_drift.prom`` lands when ``GPUFLEET_DRIFT_DIR`` points there).  The scrape configuration
-is generated from the lab's inventory as role ``gpufleet.node.monitoring``'s template generates it
-(same job names, targets and ``node`` labels: the role's vars and defaults are read for them), and
-checked with ``promtool check config``; the rules are the role's shipped rule file with the lab's
-``for:`` overrides (``ALERT_FOR``), which is what the role renders with ``monitoring_alert_for``.
+``gpufleet_drift.prom`` lands when ``GPUFLEET_DRIFT_DIR`` points there).  Its files are role
+``gpufleet.node.monitoring``'s own output: the lab's inventory holds a `monitoring` host
+(``lab-prometheus``, on the controller) with the lab's paths, intervals and ``for:`` overrides
+(``ALERT_FOR``, as ``monitoring_alert_for``); `lab up` runs playbooks/monitoring.yml on it before
+Prometheus starts, and every site.yml run on the lab runs the same play, which reloads Prometheus
+through its reload endpoint when the files changed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -30,12 +34,10 @@ import urllib.request
 from pathlib import Path
 
 from .preflight import LabError
-from .private import write_private
 from .procs import starttime as _starttime
 
 REPO = Path(__file__).resolve().parent.parent
 ROLE = REPO / "roles" / "monitoring"
-SHIPPED_RULES = ROLE / "files" / "gpufleet.rules.yml"
 
 # `for:` of the lab's alert rules, over the role's defaults (roles/monitoring/vars/main.yml): the
 # same override as the role's `monitoring_alert_for`. Short, so that the degraded node's failed
@@ -64,17 +66,13 @@ def _yaml(path):
 
 
 def role_settings():
-    """What the monitoring role's template takes from its vars and defaults: job names, ports,
-    and the textfile directory (the nccl_gate role's metrics path's directory)."""
+    """What the lab's nodes take from role monitoring's defaults before site.yml runs it: the
+    node_exporter port and the textfile directory (the nccl_gate role's metrics path's directory)."""
     defaults = _yaml(ROLE / "defaults" / "main.yml")
-    role_vars = _yaml(ROLE / "vars" / "main.yml")
     gate_metrics = _yaml(REPO / "roles" / "nccl_gate" / "defaults" / "main.yml")["nccl_gate_metrics_path"]
     return {
-        "jobs": role_vars["__monitoring_jobs"],
         "node_exporter_port": int(defaults["monitoring_node_exporter_port"]),
-        "vllm_port": int(defaults["monitoring_vllm_port"]),
         "textfile_dir": os.path.dirname(gate_metrics),
-        "alert_for_defaults": role_vars["__monitoring_alert_for_defaults"],
     }
 
 
@@ -108,62 +106,51 @@ def install_node_exporter(upper, address):
         os.symlink(f"/lib/systemd/system/{NODE_EXPORTER_UNIT}", link)
 
 
-# --- the configuration ------------------------------------------------------------------------
+# --- the configuration: role monitoring's own ------------------------------------------------------
+
+# The inventory's host that stands for the lab's Prometheus (group `monitoring`: role monitoring's
+# Prometheus half, run on the controller), and the group of every lab node it watches.
+HOST = "lab-prometheus"
+NODES_GROUP = "lab_nodes"
+PLAYBOOK = REPO / "playbooks" / "monitoring.yml"
+RENDER_TIMEOUT = 300
 
 
-def scrape_configs(inventory, balancer_target=None, drift_target=None, settings=None, credentials_file=None):
-    """Prometheus' scrape_configs for an inventory (Fleet.inventory()'s shape), as role monitoring's
-    templates/etc/prometheus/prometheus.yml.j2 writes them: node_exporter of every gpu_nodes host,
-    vLLM of every host whose monitoring_vllm_scrape is not false (at its vllm_server_port), the
-    balancer's HAProxy exporter, and the drift report's exporter (honor_labels).
-
-    ``credentials_file``: a file holding the servers' API key (vllm_server_api_key), sent as a bearer
-    token by the serving job: llama.cpp's llama-server (role llamacpp_server) answers /metrics only
-    with the key; vLLM's /metrics ignores it."""
-    settings = settings or role_settings()
-    jobs = settings["jobs"]
-    group = inventory["all"]["children"].get("gpu_nodes", {})
-    group_vars = group.get("vars", {}) or {}
-    nodes, vllm = [], []
-    for name, host in (group.get("hosts") or {}).items():
-        hv = {**group_vars, **(host or {})}
-        address = hv.get("ansible_host", name)
-        nodes.append({"targets": [f"{address}:{settings['node_exporter_port']}"], "labels": {"node": name}})
-        if str(hv.get("monitoring_vllm_scrape", True)).lower() not in ("false", "no", "0"):
-            port = hv.get("vllm_server_port", settings["vllm_port"])
-            vllm.append({"targets": [f"{address}:{port}"], "labels": {"node": name}})
-    out = [
-        {"job_name": jobs["node"], "static_configs": nodes},
-        {"job_name": jobs["vllm"], "metrics_path": "/metrics", "static_configs": vllm},
-    ]
-    if credentials_file:
-        out[1]["authorization"] = {"type": "Bearer", "credentials_file": str(credentials_file)}
-    if balancer_target:
-        name, target = balancer_target
-        out.append(
-            {
-                "job_name": jobs["haproxy"],
-                "metrics_path": "/metrics",
-                "static_configs": [{"targets": [target], "labels": {"balancer": name}}],
-            }
-        )
-    if drift_target:
-        out.append({"job_name": jobs["drift"], "honor_labels": True, "static_configs": [{"targets": [drift_target]}]})
-    return out
+def node_vars():
+    """Group variables of the lab's GPU nodes for role monitoring's node half (site.yml's step
+    `monitoring`): the lab's collectors only, on the directory the lab set up."""
+    return {"monitoring_node_exporter_extra_args": list(NODE_EXPORTER_COLLECTORS)}
 
 
-def lab_rules(alert_for=None):
-    """The shipped rule file (the role's template rendered with its defaults) with `for:` set
-    per alert name from alert_for, as `monitoring_alert_for` does in the role."""
-    alert_for = ALERT_FOR if alert_for is None else alert_for
-    doc = _yaml(SHIPPED_RULES)
-    names = {r["alert"]: r for g in doc["groups"] for r in g["rules"] if "alert" in r}
-    unknown = sorted(set(alert_for) - set(names))
-    if unknown:
-        raise LabError(f"no alert named {', '.join(unknown)} in {SHIPPED_RULES}; known: {', '.join(sorted(names))}")
-    for name, duration in alert_for.items():
-        names[name]["for"] = duration
-    return doc
+def inventory_groups(prom, balancer_spec, nodes, promtool):
+    """The lab inventory's groups for role monitoring's Prometheus half: `monitoring` (host
+    lab-prometheus, on the controller: the role writes the lab's Prometheus files in
+    ``<state>/prometheus/`` and reloads it through its reload endpoint; the lab's short intervals and
+    ``for:``, its balancer's and drift report's exporters) and `lab_nodes`, every node of the lab with
+    its address (``nodes``: {name: host variables}), which that Prometheus scrapes whatever part of
+    the lab an inventory names in `gpu_nodes`."""
+    exporter_port = (balancer_spec or {}).get("exporter_port") or 0
+    host = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+        "monitoring_gpu_nodes_group": NODES_GROUP,
+        "monitoring_prometheus_manage": False,
+        "monitoring_promtool": str(promtool),
+        "monitoring_prometheus_config_file": str(prom.config),
+        "monitoring_prometheus_rules_dir": str(prom.rules.parent),
+        "monitoring_serving_api_key_file": str(prom.api_key_file),
+        "monitoring_prometheus_user": pwd.getpwuid(os.geteuid()).pw_name,
+        "monitoring_prometheus_reload_url": f"{prom.url}/-/reload",
+        "monitoring_scrape_interval": SCRAPE_INTERVAL,
+        "monitoring_evaluation_interval": EVALUATION_INTERVAL,
+        "monitoring_alert_for": dict(ALERT_FOR),
+        "monitoring_haproxy_exporter_port": int(exporter_port),
+        "monitoring_drift_exporters": [f"{prom.spec['address']}:{prom.spec['drift_exporter_port']}"],
+    }
+    watched = {
+        name: {k: hv[k] for k in ("ansible_host", "monitoring_vllm_scrape") if k in hv} for name, hv in nodes.items()
+    }
+    return {"monitoring": {"hosts": {HOST: host}}, NODES_GROUP: {"hosts": watched}}
 
 
 def free_port():
@@ -187,8 +174,8 @@ class Prometheus:
         self.data = self.dir / "data"
         self.log = self.dir / "prometheus.log"
         self.run_file = self.dir / "run.json"
-        # the serving nodes' API key (the lab's vllm_server_api_key), 0600: llama-server's /metrics
-        # needs it (role llamacpp_server requires the same key as vLLM)
+        # the serving nodes' API key (the lab's vllm_server_api_key), written 0600 by the role:
+        # llama-server's /metrics needs it
         self.api_key_file = self.dir / "server-api-key"
         self.drift_dir = Path(spec["drift_dir"])
 
@@ -211,53 +198,33 @@ class Prometheus:
         return self.fleet.cgroup / "prometheus"
 
     # --- files ----------------------------------------------------------------------------------
-    def write_config(self, inventory, balancer_spec):
-        import yaml
-
+    def write_config(self, inventory, vault_password_file=None, reload=False):
+        """Role monitoring's Prometheus half against the lab: playbooks/monitoring.yml on the
+        inventory's lab-prometheus host writes the rules and the scrape configuration (each checked
+        with promtool by the role) and the serving key, 0600; ``reload``: and reloads the running
+        Prometheus when they changed. LabError, with the run's output, when the role fails."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.rules.parent.mkdir(parents=True, exist_ok=True)
         self.drift_dir.mkdir(parents=True, exist_ok=True)
-        self.rules.write_text(
-            "# The lab's alert rules (lab/prometheus.py): roles/monitoring/files/gpufleet.rules.yml with\n"
-            f"# `for:` overridden as monitoring_alert_for would: {json.dumps(ALERT_FOR)}\n"
-            + yaml.safe_dump(lab_rules(), sort_keys=False, width=1000)
-        )
-        credentials = None
-        secrets = getattr(self.fleet, "secrets", None)  # a Fleet has them; a bare test double may not
-        api_key = secrets().get("vllm_server_api_key") if secrets else None
-        if api_key:
-            write_private(self.api_key_file, api_key + "\n")
-            credentials = self.api_key_file
-        balancer = None
-        if balancer_spec and balancer_spec.get("exporter_port"):
-            balancer = ("lab-balancer", f"{balancer_spec['address']}:{balancer_spec['exporter_port']}")
-        config = {
-            "global": {
-                "scrape_interval": SCRAPE_INTERVAL,
-                "scrape_timeout": SCRAPE_INTERVAL,
-                "evaluation_interval": EVALUATION_INTERVAL,
-            },
-            "rule_files": [str(self.rules)],
-            "scrape_configs": scrape_configs(
-                inventory,
-                balancer,
-                f"{self.spec['address']}:{self.spec['drift_exporter_port']}",
-                credentials_file=credentials,
-            ),
-        }
-        self.config.write_text(
-            "# Prometheus of the gpufleet lab, written by `python -m lab up` (lab/prometheus.py) from the\n"
-            "# lab's inventory as role gpufleet.node.monitoring writes it; `lab down` removes it.\n"
-            + yaml.safe_dump(config, sort_keys=False)
-        )
-        check = subprocess.run(
-            [self.fleet.progs["promtool"], "check", "config", str(self.config)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if check.returncode:
-            raise LabError(f"promtool refuses {self.config}: {(check.stdout + check.stderr).strip()}")
+        argv = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(inventory), str(PLAYBOOK)]
+        if not reload:
+            argv += ["-e", "monitoring_prometheus_reload=false"]
+        env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
+        if vault_password_file:
+            env["ANSIBLE_VAULT_PASSWORD_FILE"] = str(vault_password_file)
+        try:
+            run = subprocess.run(
+                argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=RENDER_TIMEOUT, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise LabError(
+                f"role monitoring did not write {self.config} within {RENDER_TIMEOUT} s: `{' '.join(argv)}`"
+            ) from None
+        if run.returncode or not self.config.exists():
+            raise LabError(
+                f"role monitoring could not write the lab's Prometheus configuration {self.config} "
+                f"(`{' '.join(argv)}` exited {run.returncode}):\n{(run.stdout + run.stderr)[-4000:]}"
+            )
+        return run
 
     # --- processes ------------------------------------------------------------------------------
     def _argv(self, which):

@@ -156,7 +156,7 @@ class LabFleet:
                 "ANSIBLE_STDOUT_CALLBACK": "default",
                 "ANSIBLE_FORKS": str(max(len(PROFILES), 1)),
                 "GPUFLEET_DRIFT_DIR": str(self.drift_dir),
-                # the inventory's secrets are vaulted (group_vars/gpu_nodes/vault.yml next to it)
+                # the inventory's secrets are vaulted (group_vars/all/vault.yml next to it)
                 "ANSIBLE_VAULT_PASSWORD_FILE": str(self.session.vault_password_file),
             }
         )

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from lab import prometheus
 from tests import support
 
 pytestmark = pytest.mark.slow
@@ -54,7 +55,9 @@ def test_first_run_says_why_the_degraded_node_is_refused(fleet, first_run, node)
 
 def test_second_run_changes_nothing(fleet, converged):
     run = fleet.site(label="site.yml (second run)")
-    assert set(run.recap) == set(fleet.nodes), run.explain()
+    # the nodes, and the lab's Prometheus (playbooks/monitoring.yml, which site.yml imports)
+    assert set(run.recap) == set(fleet.nodes) | {prometheus.HOST}, run.explain()
+    assert fleet.recap_ok(run, prometheus.HOST), run.explain()
     changed = {h: r["changed"] for h, r in run.recap.items() if r["changed"]}
     assert not changed, f"changed on a second run: {changed}\n{run.explain()}"
     for node in fleet.healthy:
@@ -69,6 +72,31 @@ def test_second_run_changes_nothing(fleet, converged):
         assert not [s for s in secrets if s in output], "a vaulted secret in the output of site.yml"
 
 
+def test_site_runs_the_node_exporter_and_worker_recycling_steps(fleet, converged):
+    """Role monitoring's node half on every node (before the checks that can stop one, so that a
+    refused node exports why): node_exporter's arguments as the role writes them, running; role
+    worker_recycle (on in the lab's inventory) on every node that serves with vLLM, none on a node
+    that never served."""
+    for node in fleet.names:
+        host = fleet.host(node)
+        args = host.file("/etc/default/prometheus-node-exporter").content_string
+        assert "The textfile collector reads the .prom files the gpufleet.node roles write." in args, args
+        assert (
+            'ARGS="--web.listen-address=:9100 --collector.textfile.directory=/var/lib/node_exporter/textfile_collector '
+            + " ".join(prometheus.NODE_EXPORTER_COLLECTORS)
+            + '"'
+        ) in args, args
+        assert host.service("prometheus-node-exporter.service").is_running, node
+        timer = host.service("gpufleet-worker-recycle.timer")
+        no_swap = host.file("/etc/systemd/system/vllm.service.d/10-gpufleet-no-swap.conf")
+        if node in fleet.healthy and support.server_unit(node) == "vllm.service":
+            assert timer.is_enabled and timer.is_running, node
+            assert "MemorySwapMax=0" in no_swap.content_string, node
+        else:
+            assert not host.file("/etc/systemd/system/gpufleet-worker-recycle.timer").exists, node
+            assert not no_swap.exists, node
+
+
 def test_vaulted_secrets_reach_vllm_and_stay_out_of_the_boot_validation_inventory(fleet, converged):
     """The lab's inventory carries vllm_server_api_key and vllm_server_hf_token as !vault values:
     vLLM gets them (its 0600 secrets file; /v1 asks for the key), the node's boot validation
@@ -77,7 +105,7 @@ def test_vaulted_secrets_reach_vllm_and_stay_out_of_the_boot_validation_inventor
     import urllib.request
 
     key, token = fleet.session.secrets["vllm_server_api_key"], fleet.session.secrets["vllm_server_hf_token"]
-    vault = (fleet.session.state / "group_vars" / "gpu_nodes" / "vault.yml").read_text()
+    vault = (fleet.session.state / "group_vars" / "all" / "vault.yml").read_text()
     assert "vllm_server_api_key: !vault |" in vault and key not in vault and token not in vault
     for node in [n for n in fleet.healthy if support.server_unit(n) == "vllm.service"]:
         host = fleet.host(node)

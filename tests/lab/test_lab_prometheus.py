@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The lab's monitoring (lab/prometheus.py): the scrape configuration it generates from the lab's
-inventory (what role gpufleet.node.monitoring generates: same jobs, targets, node labels), the
-rules with the lab's short `for:`, node_exporter's settings in a node; and on the session's lab,
-a metric written into a node's textfile directory reaching the lab's Prometheus.
+"""The lab's monitoring (lab/prometheus.py): its Prometheus files are role gpufleet.node.monitoring's
+own output (playbooks/monitoring.yml on the inventory's lab-prometheus host: every lab node, the
+lab's short `for:`, promtool), node_exporter's settings in a node; and on the session's lab, a
+metric written into a node's textfile directory reaching the lab's Prometheus.
 
 The fleet end to end (every target up after site.yml, the gate alert for the degraded node, the
 dashboard): tests/fleet/test_fleet_6_prometheus.py.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import stat
 import subprocess
 import time
 from types import SimpleNamespace
@@ -25,24 +26,31 @@ from lab.preflight import LabError
 from tests import support
 
 PROMTOOL = shutil.which("promtool")
+SHIPPED_RULES = prometheus.ROLE / "files" / "gpufleet.rules.yml"
 
 # The lab's inventory shape (Fleet.inventory()): a degraded node that never serves, a node whose
-# vLLM listens elsewhere.
-INVENTORY = {
-    "all": {
-        "children": {
-            "gpu_nodes": {
-                "hosts": {
-                    "node1": {"ansible_host": "10.213.7.2", "ansible_port": 22},
-                    "node2": {"ansible_host": "10.213.7.6", "vllm_server_port": 8001},
-                    "node3": {"ansible_host": "10.213.7.10", "monitoring_vllm_scrape": False},
-                },
-                "vars": {"ansible_user": "root"},
+# vLLM listens elsewhere; this inventory's gpu_nodes name only part of the lab (node3 is the spare).
+NODES = {
+    "node1": {"ansible_host": "10.213.7.2", "ansible_port": 22},
+    "node2": {"ansible_host": "10.213.7.6", "vllm_server_port": 8001},
+    "node3": {"ansible_host": "10.213.7.10", "monitoring_vllm_scrape": False},
+}
+
+
+def lab_inventory(tmp_path, prom, key=None):
+    inventory = {
+        "all": {
+            "children": {
+                "gpu_nodes": {"hosts": {n: NODES[n] for n in ("node1", "node2")}, "vars": {"ansible_user": "root"}},
+                "balancer": {"hosts": {"lab-balancer": {"ansible_connection": "local", "ansible_host": "127.0.0.1"}}},
+                **prometheus.inventory_groups(prom, {"address": "127.0.0.1", "exporter_port": 8405}, NODES, PROMTOOL),
             },
-            "balancer": {"hosts": {"lab-balancer": {"ansible_connection": "local"}}},
+            "vars": {"vllm_server_api_key": key} if key else {},
         }
     }
-}
+    path = tmp_path / "hosts.yml"
+    path.write_text(yaml.safe_dump(inventory))
+    return path
 
 
 def targets(configs, job):
@@ -50,38 +58,64 @@ def targets(configs, job):
     return {t: sc.get("labels") for sc in cfg["static_configs"] for t in sc["targets"]}
 
 
-def test_scrape_configs_as_the_role_writes_them():
-    configs = prometheus.scrape_configs(
-        INVENTORY, ("lab-balancer", "127.0.0.1:8405"), "127.0.0.1:9999", settings=prometheus.role_settings()
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool is missing (Debian package prometheus)")
+def test_the_labs_prometheus_files_are_the_roles_output(tmp_path):
+    """Role monitoring writes them: every lab node (group lab_nodes, not only this inventory's
+    gpu_nodes) with its node label, the serving nodes' /metrics with the key file, HAProxy's and the
+    drift report's exporters, the lab's intervals; the rules are the shipped ones with the lab's
+    `for:` only; the serving key 0600; a second run changes nothing."""
+    prom = prometheus.Prometheus(
+        SimpleNamespace(progs={"promtool": PROMTOOL}), prometheus.Prometheus.describe(tmp_path)
     )
-    role_vars = yaml.safe_load((prometheus.ROLE / "vars" / "main.yml").read_text())["__monitoring_jobs"]
-    assert [c["job_name"] for c in configs] == [role_vars[k] for k in ("node", "vllm", "haproxy", "drift")]
-    assert targets(configs, "gpufleet_node") == {
+    inventory = lab_inventory(tmp_path, prom, key="lab-api-key-0123456789")
+    run = prom.write_config(inventory)
+    assert "lab-api-key-0123456789" not in run.stdout + run.stderr
+    check = subprocess.run([PROMTOOL, "check", "config", str(prom.config)], capture_output=True, text=True)
+    assert check.returncode == 0 and "SUCCESS: 13 rules found" in check.stdout, check.stdout + check.stderr
+    config = yaml.safe_load(prom.config.read_text())
+    assert config["global"] == {"scrape_interval": "2s", "evaluation_interval": "1s"}
+    assert config["rule_files"] == [str(prom.rules)]
+    jobs = config["scrape_configs"]
+    assert targets(jobs, "gpufleet_node") == {
         "10.213.7.2:9100": {"node": "node1"},
         "10.213.7.6:9100": {"node": "node2"},
         "10.213.7.10:9100": {"node": "node3"},
     }
-    assert targets(configs, "gpufleet_vllm") == {
+    assert targets(jobs, "gpufleet_vllm") == {
         "10.213.7.2:8000": {"node": "node1"},
         "10.213.7.6:8001": {"node": "node2"},
     }
-    assert targets(configs, "gpufleet_haproxy") == {"127.0.0.1:8405": {"balancer": "lab-balancer"}}
-    drift = [c for c in configs if c["job_name"] == "gpufleet_drift"][0]
-    assert drift["honor_labels"] is True and drift["static_configs"] == [{"targets": ["127.0.0.1:9999"]}]
+    (vllm,) = [j for j in jobs if j["job_name"] == "gpufleet_vllm"]
+    assert vllm["authorization"] == {"type": "Bearer", "credentials_file": str(prom.api_key_file)}
+    assert prom.api_key_file.read_text() == "lab-api-key-0123456789"
+    assert stat.S_IMODE(prom.api_key_file.stat().st_mode) == 0o600
+    assert targets(jobs, "gpufleet_haproxy") == {"127.0.0.1:8405": {"balancer": "lab-balancer"}}
+    drift = [c for c in jobs if c["job_name"] == "gpufleet_drift"][0]
+    drift_target = f"127.0.0.1:{prom.spec['drift_exporter_port']}"
+    assert drift["honor_labels"] is True and drift["static_configs"] == [{"targets": [drift_target]}]
 
-
-def test_lab_rules_shorten_only_the_named_for():
-    shipped = {
-        r["alert"]: r for g in yaml.safe_load(prometheus.SHIPPED_RULES.read_text())["groups"] for r in g["rules"]
-    }
-    lab = {r["alert"]: r for g in prometheus.lab_rules()["groups"] for r in g["rules"]}
+    shipped = {r["alert"]: r for g in yaml.safe_load(SHIPPED_RULES.read_text())["groups"] for r in g["rules"]}
+    lab = {r["alert"]: r for g in yaml.safe_load(prom.rules.read_text())["groups"] for r in g["rules"]}
     assert set(lab) == set(shipped)
     for name, rule in lab.items():
-        expected = prometheus.ALERT_FOR.get(name, shipped[name]["for"])
-        assert rule["for"] == expected and rule["expr"] == shipped[name]["expr"], name
+        assert rule["for"] == prometheus.ALERT_FOR.get(name, shipped[name]["for"]), name
+        assert rule["expr"] == shipped[name]["expr"], name
     assert lab["GpufleetNcclGateFailed"]["for"] == "5s" != shipped["GpufleetNcclGateFailed"]["for"]
-    with pytest.raises(LabError, match="no alert named GpufleetNoSuch"):
-        prometheus.lab_rules({"GpufleetNoSuch": "1s"})
+
+    again = prom.write_config(inventory)
+    assert support.parse_recap(again.stdout)[prometheus.HOST]["changed"] == 0, again.stdout
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool is missing (Debian package prometheus)")
+def test_a_setting_the_role_refuses_stops_lab_up(tmp_path, monkeypatch):
+    prom = prometheus.Prometheus(
+        SimpleNamespace(progs={"promtool": PROMTOOL}), prometheus.Prometheus.describe(tmp_path)
+    )
+    monkeypatch.setattr(prometheus, "ALERT_FOR", {"GpufleetNoSuch": "1s"})
+    with pytest.raises(LabError, match="role monitoring could not write the lab's Prometheus configuration") as failed:
+        prom.write_config(lab_inventory(tmp_path, prom))
+    assert "monitoring_alert_for names among" in str(failed.value)
+    assert not prom.config.exists()
 
 
 def test_node_exporter_reads_the_roles_textfile_directory(tmp_path):
@@ -102,24 +136,6 @@ def test_node_exporter_reads_the_roles_textfile_directory(tmp_path):
     assert (tmp_path / "var/lib/node_exporter/textfile_collector").is_dir()
     link = tmp_path / "etc/systemd/system/multi-user.target.wants/prometheus-node-exporter.service"
     assert link.is_symlink()
-
-
-@pytest.mark.skipif(PROMTOOL is None, reason="promtool is missing (Debian package prometheus)")
-def test_written_config_passes_promtool_and_a_bad_one_is_refused(tmp_path, monkeypatch):
-    fleet = SimpleNamespace(progs={"promtool": PROMTOOL})
-    spec = prometheus.Prometheus.describe(tmp_path)
-    prom = prometheus.Prometheus(fleet, spec)
-    prom.write_config(INVENTORY, {"address": "127.0.0.1", "exporter_port": 8405})
-    check = subprocess.run([PROMTOOL, "check", "config", str(prom.config)], capture_output=True, text=True)
-    assert check.returncode == 0 and "SUCCESS: 13 rules found" in check.stdout, check.stdout + check.stderr
-    config = yaml.safe_load(prom.config.read_text())
-    assert config["global"]["evaluation_interval"] == "1s" and config["rule_files"] == [str(prom.rules)]
-    # promtool checks the rule files the configuration names: a broken rule stops `lab up`
-    broken = prometheus.lab_rules()
-    broken["groups"][0]["rules"][0]["expr"] = "sum by (node (up)"
-    monkeypatch.setattr(prometheus, "lab_rules", lambda: broken)
-    with pytest.raises(LabError, match="promtool refuses"):
-        prom.write_config(INVENTORY, None)
 
 
 _MISSING = support.lab_prerequisites()

@@ -104,22 +104,21 @@ def test_dripping_server_hits_overall_deadline(bad_server, in_headers):
     """A byte every 0.2 s keeps every single read well inside a 1 s timeout: only an overall
     deadline ends it."""
     server = bad_server("drip", interval=0.2, in_headers=in_headers)
-    started = time.monotonic()
     with pytest.raises(_http.HttpError, match=r"no complete answer within 1 s \(the overall deadline"):
         _http.get(server.url + "/metrics", timeout=1.0)
-    assert time.monotonic() - started < 2.0
+    # Cut while the answer was still dripping (its 100,000 bytes take hours), after some of it.
     assert 2 <= server.sent <= 8
 
 
 def test_dripping_server_hits_overall_deadline_while_streaming(bad_server):
     server = bad_server("drip", interval=0.1)
-    started = time.monotonic()
     lines = 0
     with pytest.raises(_http.HttpError, match="overall deadline"):
         with _http.request("POST", server.url + "/v1/completions", body=b"{}", timeout=0.8) as answer:
             for _line in answer.lines():
                 lines += 1
-    assert time.monotonic() - started < 1.8
+    # Cut while the body was still dripping (100,000 bytes at one per 0.1 s), not at its end.
+    assert 1 <= server.sent < 100
 
 
 @pytest.mark.parametrize("mode", ["length", "chunked", "close"])
@@ -217,10 +216,9 @@ MODULES = ["vllm_metrics_info", "vllm_load_test", "node_readiness_info"]
 @pytest.mark.parametrize("name", MODULES)
 def test_dripping_server_hits_overall_deadline_in_every_module(run_module, bad_server, tmp_path, name):
     server = bad_server("drip", interval=0.2)
-    started = time.monotonic()
     res = run_module(name, _module_args(name, tmp_path, server.url, timeout=1.0))
     assert "no complete answer within 1 s (the overall deadline" in _problem(name, res), res
-    assert time.monotonic() - started < 8
+    assert server.sent < 100, "the module stopped reading at its deadline, long before the answer's end"
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -47,18 +47,18 @@ def any_profile(request):
 @pytest.fixture
 def ansible_env():
     """Environment for ansible-playbook runs from the repository root."""
-    from tests.support import ansible_environment
+    from tests.harness.playbook import ansible_environment
 
     return ansible_environment()
 
 
 @pytest.fixture(scope="session")
 def session_lab():
-    """The run's one lab (tests.support.SessionLab), shared by tests/lab, tests/fleet and the
-    operations tests; skipped, saying why, where the lab cannot run."""
-    from tests.support import FLEET_PROFILES, own_lab
+    """The run's one lab (tests.harness.lab.Lab, with the spare node), shared by tests/lab,
+    tests/fleet and the operations tests; skipped, saying why, where the lab cannot run."""
+    from tests.harness.lab import FLEET_PROFILES, own_lab
 
-    with own_lab(FLEET_PROFILES, spare=True, export_vault=True) as lab:
+    with own_lab(FLEET_PROFILES, spare=True) as lab:
         yield lab
 
 
@@ -108,9 +108,8 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_terminal_summary(terminalreporter):
-    from tests import support
+    from tests.harness.lab import LAB_TIMINGS as timings
 
-    timings = support.LAB_TIMINGS
     if timings:
         terminalreporter.section("lab: boots and ansible-playbook wall times")
         for label, seconds, rc in timings:
@@ -121,6 +120,6 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture
 def run_module():
     """``run_module('pcie_acs', {...}, check_mode=True, diff=True)`` -> the module's result."""
-    from tests.support import run_module as run
+    from tests.harness.modules import run_module as run
 
     return run

@@ -8,11 +8,12 @@ import re
 import pytest
 
 from lab import prometheus
-from tests import support
+from tests.harness.inventory import node_inventory_vars
+from tests.harness.lab import FLEET_PROFILES, server_unit
 
 pytestmark = pytest.mark.slow
 # As conftest.py names them: node1, node2, ... in the order of GPUFLEET_FLEET_PROFILES.
-PROFILES = support.FLEET_PROFILES
+PROFILES = FLEET_PROFILES
 DEGRADED = [f"node{i + 1}" for i, p in enumerate(PROFILES) if p.strip() == "l40s-x8-degraded"]
 
 
@@ -67,7 +68,7 @@ def test_second_run_changes_nothing(fleet, converged):
         flat = re.sub(r"\s+", " ", "\n".join(run.host_failures(node)))
         assert "the NCCL gate failed earlier in this boot" in flat.lower() or "failed in this boot" in flat, flat
     assert set(fleet.pool()) == set(fleet.healthy)
-    secrets = fleet.session.secrets.values()
+    secrets = fleet.secrets.values()
     for output in (fleet.first_run.output, run.output):
         assert not [s for s in secrets if s in output], "a vaulted secret in the output of site.yml"
 
@@ -77,7 +78,7 @@ def test_site_runs_the_node_exporter_and_worker_recycling_steps(fleet, converged
     refused node exports why): node_exporter's arguments as the role writes them, running; role
     worker_recycle (on in the lab's inventory) on every node that serves with vLLM, none on a node
     that never served."""
-    for node in fleet.names:
+    for node in fleet.fleet_nodes:
         host = fleet.host(node)
         args = host.file("/etc/default/prometheus-node-exporter").content_string
         assert "The textfile collector reads the .prom files the gpufleet.node roles write." in args, args
@@ -89,7 +90,7 @@ def test_site_runs_the_node_exporter_and_worker_recycling_steps(fleet, converged
         assert host.service("prometheus-node-exporter.service").is_running, node
         timer = host.service("gpufleet-worker-recycle.timer")
         no_swap = host.file("/etc/systemd/system/vllm.service.d/10-gpufleet-no-swap.conf")
-        if node in fleet.healthy and support.server_unit(node) == "vllm.service":
+        if node in fleet.healthy and server_unit(node) == "vllm.service":
             assert timer.is_enabled and timer.is_running, node
             assert "MemorySwapMax=0" in no_swap.content_string, node
         else:
@@ -104,10 +105,10 @@ def test_vaulted_secrets_reach_vllm_and_stay_out_of_the_boot_validation_inventor
     import urllib.error
     import urllib.request
 
-    key, token = fleet.session.secrets["vllm_server_api_key"], fleet.session.secrets["vllm_server_hf_token"]
-    vault = (fleet.session.state / "group_vars" / "all" / "vault.yml").read_text()
+    key, token = fleet.secrets["vllm_server_api_key"], fleet.secrets["vllm_server_hf_token"]
+    vault = (fleet.state / "group_vars" / "all" / "vault.yml").read_text()
     assert "vllm_server_api_key: !vault |" in vault and key not in vault and token not in vault
-    for node in [n for n in fleet.healthy if support.server_unit(n) == "vllm.service"]:
+    for node in [n for n in fleet.healthy if server_unit(n) == "vllm.service"]:
         host = fleet.host(node)
         env = host.file("/etc/vllm/secrets.env")
         assert env.mode == 0o600, oct(env.mode)
@@ -124,7 +125,7 @@ def test_vaulted_secrets_reach_vllm_and_stay_out_of_the_boot_validation_inventor
         for leaked in (key, token, "$ANSIBLE_VAULT", "vllm_server_hf_token"):
             assert leaked not in inventory, f"{node}: {leaked[:14]}... in the boot validation inventory"
         # the key is read at boot from vLLM's secrets file on the node
-        node_vars = support.node_inventory_vars(inventory, node)
+        node_vars = node_inventory_vars(inventory, node)
         assert node_vars["vllm_server_api_key"] == (
             "{{ vllm_server_secrets_file | gpufleet.node.boot_validation_env_file_value('VLLM_API_KEY') }}"
         ), node_vars["vllm_server_api_key"]

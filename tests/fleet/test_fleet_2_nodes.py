@@ -12,12 +12,13 @@ import pytest
 import yaml
 
 import lab.hwmodel as hw
-from tests import support
+from tests.harness.inventory import node_inventory_hosts
+from tests.harness.lab import FLEET_PROFILES, server_unit
 
 pytestmark = pytest.mark.slow
 
 # As conftest.py names them: node1, node2, ... in the order of GPUFLEET_FLEET_PROFILES.
-PROFILES = support.FLEET_PROFILES
+PROFILES = FLEET_PROFILES
 NODES = [
     pytest.param(f"node{i + 1}", hw.PROFILES[p].get("expect_registered", True), id=f"node{i + 1}-{p}")
     for i, p in enumerate(PROFILES)
@@ -57,7 +58,7 @@ def test_env_file_and_the_services_that_read_it(converged, node, registered):
     if registered:
         # the running server (vLLM, or llama.cpp's on a node of GPUs of different sizes) got
         # exactly the file's variables
-        unit = support.server_unit(node)
+        unit = server_unit(node)
         pid = converged.sh(node, f"systemctl show -p MainPID --value {unit}").strip()
         assert pid not in ("", "0"), f"{unit} is not running"
         proc_env = _env(converged.sh(node, f"tr '\\0' '\\n' < /proc/{pid}/environ"))
@@ -76,7 +77,7 @@ def test_units_enabled(converged, node, registered):
     # boot validation on every node; it starts vLLM at boot, so vLLM itself is not enabled
     assert host.service("gpufleet-validate.service").is_enabled
     agent = host.service("gpufleet-lb-agent.socket")
-    server = support.server_unit(node)
+    server = server_unit(node)
     vllm = host.service(server)
     # the agent comes with registration, which a node that failed its gate never reached
     assert (
@@ -170,7 +171,7 @@ def test_agent_tells_the_balancer_only(converged):
 @pytest.mark.parametrize("node,registered", NODES)
 def test_config_files_and_modes(converged, node, registered):
     host = converged.host(node)
-    if registered and support.server_unit(node) == "llama-server.service":
+    if registered and server_unit(node) == "llama-server.service":
         args = host.file("/etc/llamacpp/llama-server.env")
         assert args.user == "root" and args.mode == 0o644, oct(args.mode)
         assert re.search(r"^LLAMACPP_SERVER_ARGS=\".*--n-gpu-layers \d+ .*--tensor-split ", args.content_string, re.M)
@@ -253,7 +254,7 @@ def test_boot_validation_is_installed(converged, node, registered):
     assert directory.is_directory and directory.user == "root" and directory.mode == 0o700
     inventory = host.file("/etc/gpufleet/validate/inventory.yml")
     assert inventory.user == "root" and inventory.mode == 0o600
-    hosts = support.node_inventory_hosts(inventory.content_string)
+    hosts = node_inventory_hosts(inventory.content_string)
     assert list(hosts) == [node]
     local = hosts[node]
     assert local["ansible_connection"] == "local" and local["lb_registration_balancer"] == ""

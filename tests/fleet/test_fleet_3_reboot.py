@@ -33,7 +33,7 @@ SECRETS_ENV = "/etc/vllm/secrets.env"  # vLLM's, 0600: where the node's run read
 
 def _leaked(fleet, text):
     """The names of the lab's vaulted secrets whose plain text is in text."""
-    return [name for name, value in fleet.session.secrets.items() if value in text]
+    return [name for name, value in fleet.secrets.items() if value in text]
 
 
 def _acs_writes(unit_text):

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import threading
-import time
 
 import pytest
 
@@ -125,28 +123,20 @@ def test_a_node_lost_mid_play_does_not_stop_the_others(fleet, converged):
         pytest.skip("needs two nodes")
     victim = (fleet.refused or list(fleet.nodes))[-1]
     others = [n for n in fleet.nodes if n != victim]
-    argv = fleet.argv("site.yml")
-    proc = subprocess.Popen(
-        argv, cwd=fleet.repo, env=fleet.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    lines, stopper = [], None
-    t0 = time.monotonic()
+    stopper = None
+
+    def power_off_mid_play(line):
+        # the victim has answered its first task: power it off now, mid-play
+        nonlocal stopper
+        if stopper is None and re.match(rf"^(ok|changed|skipping): \[{victim}\]", line):
+            stopper = threading.Thread(target=fleet.lab, args=("stop", victim))
+            stopper.start()
+
     try:
-        for line in proc.stdout:
-            lines.append(line)
-            # the victim has answered its first task: power it off now, mid-play
-            if stopper is None and re.match(rf"^(ok|changed|skipping): \[{victim}\]", line):
-                stopper = threading.Thread(target=fleet.lab, args=("stop", victim))
-                stopper.start()
-        proc.wait(timeout=600)
+        run = fleet.site(watch=power_off_mid_play, timeout=600, label=f"site.yml ({victim} powered off mid-play)")
     finally:
-        if proc.poll() is None:
-            proc.kill()
         if stopper:
             stopper.join()
-    run = fleet.record(
-        argv, proc.returncode, "".join(lines), time.monotonic() - t0, f"site.yml ({victim} powered off mid-play)"
-    )
     try:
         assert stopper is not None, run.explain()
         assert run.recap[victim]["unreachable"] >= 1, run.explain()

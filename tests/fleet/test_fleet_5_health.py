@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from tests import support
+from tests.harness.lab import LAB_TIMINGS
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,7 @@ def _flat(text):
 
 
 def _node_of(fleet, profile):
-    for node in fleet.names:
+    for node in fleet.fleet_nodes:
         if fleet.nodes[node]["profile"] == profile and fleet.nodes[node]["expect_registered"]:
             return node
     return None
@@ -229,7 +229,7 @@ def test_a_fatal_xid_takes_a_serving_node_out_of_rotation(fleet, converged):
                 break
             time.sleep(0.3)
         seconds = time.monotonic() - t0
-        support.LAB_TIMINGS.append((f"fatal XID on {node} to out of rotation", seconds, 0))
+        LAB_TIMINGS.append((f"fatal XID on {node} to out of rotation", seconds, 0))
         assert answer == "down #gpu-health-failed", (answer, seconds)  # XID 79: in the journal below
         assert pool.get(node, {}).get("op_state") != "running", (pool, seconds)
         journal = fleet.sh(node, "journalctl -b --no-pager -o cat -u gpufleet-gpu-health-watch.service")

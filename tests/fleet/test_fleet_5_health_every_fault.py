@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from lab import haproxy
-from tests import support
+from tests.harness.lab import Lab, own_lab
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs_lab]
 
@@ -81,31 +81,16 @@ def _flat(text):
 PROFILES = ["h100-sxm-8x", "l40s-4x-switch", "h100-sxm-8x"]  # node1, node2, node3
 
 
-class HealthLab(support.SessionLab):
-    """The module's lab (support.own_lab: no spare node; its playbook runs name its own vault
-    password, the session lab's stays the process's), with the faults' and the balancer's helpers."""
+class HealthLab(Lab):
+    """The module's lab (own_lab: no spare node), with the faults' and the balancer's helpers."""
 
     def read_hardware(self):
-        """The inventory of the three nodes, and each node's GPU and NVSwitch bus ids."""
-        self.inv = self.inventory(self.fleet_nodes, "health")
+        """Each node's GPU and NVSwitch bus ids."""
         self.bdfs, self.switches = {}, {}
         for node in self.fleet_nodes:
             gpus = sorted((d for d in self.hw(node).data["devices"] if d["kind"] == "gpu"), key=lambda d: d["index"])
             self.bdfs[node] = [g["bdf"] for g in gpus]
             self.switches[node] = (self.hw(node).data.get("nvswitch") or {}).get("bdfs", [])
-
-    def playbook(self, playbook, *args, limit=None, extra_vars=None, label=None):
-        env = support.ansible_environment(
-            ANSIBLE_STDOUT_CALLBACK="default", ANSIBLE_FORKS=len(self.fleet_nodes), ANSIBLE_FORCE_COLOR="0"
-        )
-        env.pop("ANSIBLE_INVENTORY", None)
-        if (self.state / "vault-password").exists():  # the lab's inventory holds vaulted secrets
-            env["ANSIBLE_VAULT_PASSWORD_FILE"] = str(self.state / "vault-password")
-        run = support.run_playbook(
-            playbook, *args, inventory=self.inv, limit=limit, extra_vars=extra_vars, env=env, merge_stderr=True
-        )
-        support.LAB_TIMINGS.append((label or " ".join(run.argv[3:]), run.seconds, run.rc))
-        return run
 
     def fault(self, node, kind, code=None, gpu=0):
         from lab import faults
@@ -158,7 +143,7 @@ class HealthLab(support.SessionLab):
 
 @pytest.fixture(scope="module")
 def health_lab():
-    with support.own_lab(PROFILES, "health", lab_class=HealthLab) as lab:
+    with own_lab(PROFILES, "health", lab_class=HealthLab) as lab:
         lab.read_hardware()
         yield lab
 
@@ -169,7 +154,7 @@ def validation(health_lab):
     lab = health_lab
     lab.inject_all(H100, L40S, REBOOTED)
     old_boot = lab.boot_id(REBOOTED)
-    lab.cli("reboot", REBOOTED)
+    lab.lab("reboot", REBOOTED)
     assert lab.boot_id(REBOOTED) != old_boot
     lab.register(H100, L40S, REBOOTED)
     run = lab.playbook(

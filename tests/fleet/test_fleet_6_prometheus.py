@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from tests import support
+from tests.harness.prometheus import evaluate_dashboard, prometheus_api
 
 GATE_ALERT = "GpufleetNcclGateFailed"
 WAIT = 60.0  # scrapes every 2 s, rules every 1 s, the alert's `for:` 5 s
@@ -27,7 +27,7 @@ WAIT = 60.0  # scrapes every 2 s, rules every 1 s, the alert's `for:` 5 s
 def look(url):
     """Targets by job and node, the gate verdicts and the gate alert's nodes, as Prometheus has them now."""
     targets = {}
-    for t in support.prometheus_api(url, "targets", state="active")["activeTargets"]:
+    for t in prometheus_api(url, "targets", state="active")["activeTargets"]:
         labels = t["labels"]
         targets.setdefault(labels["job"], {})[labels.get("node") or labels.get("balancer")] = (
             t["health"],
@@ -35,12 +35,9 @@ def look(url):
         )
 
     def by_node(query):
-        return {
-            r["metric"]["node"]: float(r["value"][1])
-            for r in support.prometheus_api(url, "query", query=query)["result"]
-        }
+        return {r["metric"]["node"]: float(r["value"][1]) for r in prometheus_api(url, "query", query=query)["result"]}
 
-    alerts = support.prometheus_api(url, "alerts")["alerts"]
+    alerts = prometheus_api(url, "alerts")["alerts"]
     return {
         "targets": targets,
         "passed": by_node('gpufleet_nccl_gate_passed{job="gpufleet_node"}'),
@@ -65,7 +62,7 @@ def test_prometheus_sees_the_converged_fleet(converged):
         return (
             all(t.get("gpufleet_node", {}).get(n, ("",))[0] == "up" for n in lab_nodes)
             and all(t.get("gpufleet_vllm", {}).get(n, ("",))[0] == "up" for n in serving)
-            and set(fleet.names) <= set(s["passed"])
+            and set(fleet.fleet_nodes) <= set(s["passed"])
             and set(fleet.refused) <= s["firing"]
         )
 
@@ -84,7 +81,7 @@ def test_prometheus_sees_the_converged_fleet(converged):
     assert targets["gpufleet_drift"] and all(h == "up" for h, _e in targets["gpufleet_drift"].values()), targets
 
     # the gate's metrics of every fleet node, with site.yml's verdict
-    for node in fleet.names:
+    for node in fleet.fleet_nodes:
         assert seen["passed"].get(node) == (0.0 if node in fleet.refused else 1.0), (node, seen["passed"])
         assert node in seen["judged"] and seen["threshold"].get(node, 0) > 0, (node, seen)
     for node in fleet.refused:  # the degraded node's bandwidth is below its threshold
@@ -92,7 +89,7 @@ def test_prometheus_sees_the_converged_fleet(converged):
 
     # the gate alert fires for the node that must stay out, and for no other fleet node; anywhere
     # in the lab it fires only where a gate failed
-    assert seen["firing"] & set(fleet.names) == set(fleet.refused), seen["firing"]
+    assert seen["firing"] & set(fleet.fleet_nodes) == set(fleet.refused), seen["firing"]
     assert seen["firing"] <= {n for n, v in seen["passed"].items() if v == 0}, seen
 
     # what Prometheus runs is role monitoring's own output (site.yml's play on the lab's monitoring
@@ -115,11 +112,11 @@ def test_prometheus_sees_the_converged_fleet(converged):
         }
 
     written = yaml.safe_load(config.read_text())
-    loaded = yaml.safe_load(support.prometheus_api(url, "status/config")["yaml"])
+    loaded = yaml.safe_load(prometheus_api(url, "status/config")["yaml"])
     assert scrape_targets(loaded) == scrape_targets(written), (loaded, written)
     assert loaded["rule_files"] == written["rule_files"] == [prom["rules"]]
     role_rules = {r["alert"]: r for g in yaml.safe_load(Path(prom["rules"]).read_text())["groups"] for r in g["rules"]}
-    running = {r["name"]: r for g in support.prometheus_api(url, "rules")["groups"] for r in g["rules"]}
+    running = {r["name"]: r for g in prometheus_api(url, "rules")["groups"] for r in g["rules"]}
     assert set(running) == set(role_rules) and len(running) == 13, running.keys()
     assert running[GATE_ALERT]["duration"] == 5 and role_rules[GATE_ALERT]["for"] == "5s"
     # every serving node is scraped at its own server's port, the port the balancer sends it traffic on
@@ -139,7 +136,7 @@ def test_prometheus_sees_the_converged_fleet(converged):
         assert (Path(prom["drift_dir"]) / "gpufleet_drift.prom").exists(), run.explain()
     deadline = time.monotonic() + 20
     while True:
-        results = support.evaluate_dashboard(url)
+        results = evaluate_dashboard(url)
         empty = {k: v for k, v in results.items() if not isinstance(v, int) or v < 1}
         if not empty or time.monotonic() > deadline:
             break

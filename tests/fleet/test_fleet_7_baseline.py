@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import support
+from tests.harness.lab import own_lab
 
 PLAYBOOK = Path(__file__).resolve().parent / "playbooks" / "gate_baseline_lab.yml"
 H100, PCIE = [f"node{i}" for i in range(1, 9)], [f"node{i}" for i in range(9, 14)]
@@ -33,9 +33,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.needs_lab]
 
 @pytest.fixture(scope="module")
 def baseline_lab():
-    """Thirteen nodes of the module's own, no spare; its playbook run names its own vault password."""
+    """Thirteen nodes of the module's own, no spare."""
     profiles = ["h100-sxm-8x" if n in H100 else "l40s-4x-switch" for n in H100 + PCIE]
-    with support.own_lab(profiles, "baseline") as lab:
+    with own_lab(profiles, "baseline") as lab:
         from lab import faults
         from lab.fleet import Fleet
 
@@ -63,19 +63,12 @@ def spread(values):
 def test_peers_catch_what_the_physics_floor_lets_through(tmp_path, baseline_lab):
     lab = baseline_lab
     store = tmp_path / "baselines"
-    env = support.ansible_environment(
-        ANSIBLE_FORKS=len(H100 + PCIE), ANSIBLE_VAULT_PASSWORD_FILE=lab.vault_password_file
-    )
-    env.pop("ANSIBLE_INVENTORY", None)
-    run = support.run_playbook(
+    run = lab.playbook(
         PLAYBOOK,
-        inventory=lab.inventory(H100 + PCIE, "baseline"),
         extra_vars={"nccl_gate_baseline_dir": str(store), "nccl_gate_baseline_min_samples": 3},
-        env=env,
         json_callback=True,
-        timeout=900,
+        label="gate_baseline_lab.yml: 2 gate plays on 13 lab nodes",
     )
-    support.LAB_TIMINGS.append(("gate_baseline_lab.yml: 2 gate plays on 13 lab nodes", run.seconds, run.rc))
     assert run.rc == 2, run.explain()
     first, second = gate_results(run)
     assert set(first) == set(second) == set(H100 + PCIE), run.explain()

@@ -20,14 +20,14 @@ import urllib.request
 import pytest
 
 from lab.fleet import LAB_MODEL
-from tests import support
+from tests.harness.lab import FLEET_LLAMACPP_NODES, FLEET_PROFILES
 
 pytestmark = pytest.mark.slow
 
-PROFILES = support.FLEET_PROFILES
+PROFILES = FLEET_PROFILES
 
 
-HETERO = support.FLEET_LLAMACPP_NODES
+HETERO = FLEET_LLAMACPP_NODES
 UNIFORM = [f"node{i + 1}" for i in range(len(PROFILES)) if f"node{i + 1}" not in HETERO]
 
 

@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import time
 
 import pytest
 
 from lab import rootfs
-from tests import support
-from tests.fleet.conftest import LabFleet, _ensure_path
+from tests.fleet.conftest import _ensure_path
+from tests.harness.lab import Lab, own_lab
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs_lab]
 
@@ -38,29 +36,23 @@ GATE_MARKER = "/run/gpufleet/nccl-gate.json"
 RUNTIME_PATHS = ("/opt/gpufleet", "/etc/gpufleet/validate", "/etc/systemd/system/gpufleet-validate.service")
 
 
-class ReleasesLab(support.SessionLab):
+class ReleasesLab(Lab):
     def up(self):
-        self.cli("down", check=False)
-        shutil.rmtree(self.state, ignore_errors=True)
-        t0 = time.monotonic()
         # a root filesystem not cached yet is built first (scripts/setup.sh starts the builds)
-        self.cli("up", "--profiles", ",".join(self.profiles), "--os", ",".join(RELEASES), timeout=900)
-        self.up_seconds = time.monotonic() - t0
-        support.LAB_TIMINGS.append((f"lab up --os {','.join(RELEASES)}", self.up_seconds, 0))
+        super().up("--os", ",".join(RELEASES), timeout=900)
 
 
 @pytest.fixture(scope="module")
 def fleet():
     """The module's fleet after site.yml's first run (``fleet.first_run``)."""
-    with support.own_lab([PROFILE] * len(RELEASES), "releases", lab_class=ReleasesLab) as lab:
+    with own_lab([PROFILE] * len(RELEASES), "releases", lab_class=ReleasesLab) as lab:
         _ensure_path()
-        fleet = LabFleet(lab)
-        fleet.first_run = fleet.site(label="site.yml (bookworm, trixie, bullseye: first run)")
-        yield fleet
+        lab.first_run = lab.site(label="site.yml (bookworm, trixie, bullseye: first run)")
+        yield lab
 
 
 def in_node(fleet, node, *argv):
-    return fleet.session.fleet.machine(node).nsenter(*argv, timeout=60)
+    return fleet.fleet.machine(node).nsenter(*argv, timeout=60)
 
 
 def flat(texts):
@@ -90,7 +82,7 @@ def test_first_run_measures_bookworm_and_trixie_and_refuses_bullseye(fleet):
         proc = in_node(fleet, node, "cat", GATE_MARKER)
         assert proc.returncode == 0, f"{node}: no gate verdict: {proc.stderr}"
         marker = json.loads(proc.stdout)
-        assert marker["passed"] is True and marker["boot_id"] == fleet.session.fleet.machine(node).boot_id(), marker
+        assert marker["passed"] is True and marker["boot_id"] == fleet.fleet.machine(node).boot_id(), marker
     assert_refused_for_its_python(run, fleet)
     pool = fleet.wait_pool(lambda p: set(p) == set(MEASURED), timeout=60)
     assert set(pool) == set(MEASURED), pool

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from tests.support import Unsafe, node_inventory, node_inventory_vars, run_playbook
+from tests.harness.inventory import Unsafe, node_inventory, node_inventory_vars
+from tests.harness.playbook import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "tests/integration/playbooks/boot_validation_role.yml"
@@ -249,9 +250,6 @@ def test_keeps_vaulted_secrets_on_the_controller_and_the_node_reads_its_own(ansi
     this tree) is the lab's business: tests/fleet/test_fleet_3_reboot.py boots on it; here the
     operator's own runtime skips the install."""
     root = tmp_path / "root"
-    password = tmp_path / "vault-password"
-    password.write_text(VAULT_PASSWORD + "\n")
-    password.chmod(0o600)
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(
         "localhost:\n  hosts:\n    localhost:\n      ansible_connection: local\n"
@@ -271,8 +269,8 @@ def test_keeps_vaulted_secrets_on_the_controller_and_the_node_reads_its_own(ansi
         "boot_validation_collections_path": str(REPO / ".collections"),
     }
     run = run_playbook(
-        PLAYBOOK, "-vvv", "--diff", "--vault-password-file", str(password),
-        inventory=inventory, extra_vars=extra, env=ansible_env, merge_stderr=True,
+        PLAYBOOK, "-vvv", "--diff",
+        inventory=inventory, extra_vars=extra, env=ansible_env, merge_stderr=True, vault_password=VAULT_PASSWORD,
     )  # fmt: skip
     assert run.rc == 0 and run.recap["localhost"]["failed"] == 0, run.explain()
     assert "+++ after" in run.output, "no --diff of the node's inventory"
@@ -314,8 +312,8 @@ def test_keeps_vaulted_secrets_on_the_controller_and_the_node_reads_its_own(ansi
         inventory.read_text() + "".join(f"      {line}\n" for line in _vaulted("gpufleet_kernel_log_path", SECRET))
     )
     run = run_playbook(
-        PLAYBOOK, "--vault-password-file", str(password),
-        inventory=inventory, extra_vars=extra, env=ansible_env, merge_stderr=True,
+        PLAYBOOK,
+        inventory=inventory, extra_vars=extra, env=ansible_env, merge_stderr=True, vault_password=VAULT_PASSWORD,
     )  # fmt: skip
     assert run.rc != 0 and "gpufleet_kernel_log_path is vaulted" in run.output, run.explain()
     assert SECRET not in run.output

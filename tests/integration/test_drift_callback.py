@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from tests.support import ansible_environment, run_playbook
+from tests.harness.playbook import ansible_environment, run_playbook
 
 PLAYBOOK = Path(__file__).resolve().parent / "playbooks" / "drift_callback.yml"
 

@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from tests.support import run_playbook
+from tests.harness.playbook import run_playbook
 
 PLAYBOOK = Path(__file__).resolve().parent / "playbooks" / "files_action.yml"
 TOKEN = "s3cr3t-token-value"

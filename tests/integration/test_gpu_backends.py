@@ -18,7 +18,7 @@ import pytest
 import lab.hwmodel as hw
 from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _topology_facts
 from lab.standins import nvidia_smi as smi
-from tests.support import run_playbook
+from tests.harness.playbook import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 STUB = REPO / "lab" / "standins" / "nvml" / "pynvml.py"

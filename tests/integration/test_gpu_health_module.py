@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""gpufleet.node.gpu_health_info as Ansible runs it (tests/support.run_module), with backend
+"""gpufleet.node.gpu_health_info as Ansible runs it (tests.harness.modules.run_module), with backend
 nvidia_smi: a fake nvidia-smi in tmp prints reports made from the real H100 sample (one block per
 GPU of the lab's h100-sxm-8x tree, the bus id and one value changed where a test says so), over the
 lab's sysfs tree."""
@@ -12,7 +12,8 @@ import subprocess
 
 import pytest
 
-from tests.support import REPO, VENV_BIN, run_module
+from tests.harness import REPO, VENV_BIN
+from tests.harness.modules import run_module
 
 DATA = REPO / "tests" / "data"
 H100 = (DATA / "nvidia-smi-q" / "h100-hbm3-535.183.01.txt").read_text()

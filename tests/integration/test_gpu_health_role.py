@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ansible_collections.gpufleet.node.plugins.filter.agent_files import agent_files
 from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _readiness
+from tests.harness.playbook import run_playbook
 from tests.integration.test_gpu_health_module import nvlinks, report
-from tests.support import run_playbook
 
 PLAYBOOK = Path(__file__).resolve().parent / "playbooks" / "gpu_health_role.yml"
 WATCHER = Path(__file__).resolve().parents[2] / "roles" / "gpu_health" / "files" / "gpufleet_gpu_health_watch.py"

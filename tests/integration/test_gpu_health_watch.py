@@ -18,8 +18,9 @@ import pytest
 
 from ansible_collections.gpufleet.node.plugins.module_utils.health import _checks  # noqa: F401 (loaded first)
 from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _readiness
+from tests.harness import REPO
+from tests.harness.modules import install_agent
 from tests.smi_samples import whole
-from tests.support import REPO, install_agent
 
 ROLE = REPO / "roles" / "gpu_health"
 TREE = "ansible_collections/gpufleet/node/plugins/module_utils"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import run_playbook
+from tests.harness.playbook import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "tests" / "integration" / "playbooks" / "gpu_topology.yml"

@@ -13,7 +13,8 @@ import time
 import pytest
 
 from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import RuntimeAPI
-from tests.support import FakeHTTP, run_playbook
+from tests.harness.http import FakeHTTP
+from tests.harness.playbook import run_playbook
 
 pytestmark = pytest.mark.skipif(not shutil.which("haproxy"), reason="haproxy is not installed")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import install_agent
+from tests.harness.modules import install_agent
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "roles" / "lb_registration" / "files" / "gpufleet_lb_agent.py"
@@ -304,7 +304,7 @@ def test_the_roles_preflight_refuses_an_entry_the_agent_cannot_parse_naming_it(a
     """One run, one host per entry (each its own allow list): the bad ones fail at the preflight,
     naming their entry, with nothing written; the good ones pass it. The node's own agent address
     joins the list the agent gets, and is judged with it."""
-    from tests.support import run_playbook
+    from tests.harness.playbook import run_playbook
 
     hosts = {f"bad{i}": {"lb_registration_agent_allow": ["10.0.0.2", entry]} for i, entry in enumerate(BAD_ENTRIES)}
     hosts["badaddress"] = {"lb_registration_agent_allow": ["10.0.0.2"], "lb_registration_agent_address": "10.0.0.300"}

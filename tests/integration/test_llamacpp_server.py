@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 
 from lab import tiny_gguf
-from tests import support
+from tests.harness.playbook import run_playbook
+from tests.harness.prometheus import dashboard_queries
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "tests" / "integration" / "playbooks" / "llamacpp_server.yml"
@@ -83,7 +84,7 @@ def base(tmp_path, model, sha, **kw):
 
 
 def play(ansible_env, extra, *args):
-    return support.run_playbook(PLAYBOOK, *args, local=True, extra_vars=extra, env=ansible_env, timeout=300)
+    return run_playbook(PLAYBOOK, *args, local=True, extra_vars=extra, env=ansible_env, timeout=300)
 
 
 def server_args(env_file):
@@ -257,7 +258,7 @@ def test_role_installs_and_the_real_server_runs_its_command_line(tmp_path, ansib
         assert status == 200, metrics
         assert key not in (tmp_path / "llama-server.log").read_text()
         # every llama.cpp metric the dashboard (role monitoring) plots is one this build exports
-        plotted = {m for _t, e in support.dashboard_queries() for m in re.findall(r"llamacpp:\w+", e)}
+        plotted = {m for _t, e in dashboard_queries() for m in re.findall(r"llamacpp:\w+", e)}
         exported = set(re.findall(r"^(llamacpp:\w+) ", metrics, re.M))
         assert plotted and plotted <= exported, (plotted - exported, exported)
         assert re.search(r"^llamacpp:tokens_predicted_total \d", metrics, re.M), metrics

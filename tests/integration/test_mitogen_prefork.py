@@ -11,7 +11,7 @@ import json
 import subprocess
 import sys
 
-from tests.support import REPO
+from tests.harness import REPO
 
 PROBE = """
 import json, sys

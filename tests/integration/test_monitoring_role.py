@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support import run_playbook
+from tests.harness.playbook import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_RULES = REPO / "roles" / "monitoring" / "files" / "gpufleet.rules.yml"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import run_playbook
+from tests.harness.playbook import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = Path(__file__).resolve().parent / "playbooks" / "nccl_gate.yml"

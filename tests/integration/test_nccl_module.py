@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import support
+from tests.harness import modules
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "lab" / "bin" / "all_reduce_perf"
@@ -22,7 +22,7 @@ from tests.unit.test_nccl_model import topology_facts  # noqa: E402
 
 
 def run_module(args, check_mode=False):
-    return support.run_module("nccl_allreduce", args, check_mode=check_mode)
+    return modules.run_module("nccl_allreduce", args, check_mode=check_mode)
 
 
 def clear_acs(node):

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from lab import llamacpp
-from tests.support import FakeHTTP
+from tests.harness.http import FakeHTTP
 
 BOOT = "2b95257e-cc50-4a2b-8260-36f6af9dc4dc"
 KEY = "sk-readiness-0123456789"

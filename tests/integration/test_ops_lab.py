@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import support
+from lab import haproxy
+from tests.harness.lab import lab_prerequisites
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOKS = REPO / "tests" / "integration" / "playbooks"
@@ -32,7 +33,7 @@ MARKER = "/run/gpufleet/nccl-gate.json"
 REQUEST = "/run/gpufleet/lb-agent-request.json"  # the node's own drain/ready request to its agent
 DRAIN = 0x08  # HAProxy's SRV_ADMF_FDRAIN in srv_admin_state (what the agent's `drain` sets)
 
-_MISSING = support.lab_prerequisites(prometheus=True)
+_MISSING = lab_prerequisites(prometheus=True)
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"lab prerequisites: {_MISSING}")
 
 
@@ -81,7 +82,7 @@ def lab(session_lab):
             'systemctl daemon-reload; mkdir -p /run/gpufleet && printf \'{"boot_id": "%s", "passed": true}\' '
             f"$(cat /proc/sys/kernel/random/boot_id) > {MARKER}",
         )
-        ctx["serve"] = playbook(ctx, None, PLAYBOOKS / "ops_recycle.yml", RECYCLE_VARS)
+        ctx["serve"] = playbook(ctx, PLAYBOOKS / "ops_recycle.yml", RECYCLE_VARS)
         yield ctx
     finally:
         ssh(ctx, f"systemctl disable --now --quiet gpufleet-lb-agent.socket; rm -f {MARKER} {REQUEST}", check=False)
@@ -95,13 +96,17 @@ def ssh(lab, command, check=True, timeout=60):
     return lab["session"].ssh(lab["node"], command, check=check, timeout=timeout)
 
 
-def playbook(lab, ansible_env, path, extra=None, *args):
-    run = support.run_playbook(path, *args, inventory=lab["inventory"], extra_vars=extra, env=ansible_env, timeout=300)
-    # in the session's summary beside the fleet's runs
-    support.LAB_TIMINGS.append(
-        (f"{Path(path).name} on {lab['node']} (ops tests, an inventory of that node)", run.seconds, run.rc)
+def playbook(lab, path, extra=None, *args):
+    """A run on the node's inventory with the lab's vault password, in the session's summary beside
+    the fleet's runs."""
+    return lab["session"].playbook(
+        path,
+        *args,
+        inventory=lab["inventory"],
+        extra_vars=extra,
+        timeout=300,
+        label=f"{Path(path).name} on {lab['node']} (ops tests, an inventory of that node)",
     )
-    return run
 
 
 def recap(proc):
@@ -113,13 +118,9 @@ def main_pid(lab):
 
 
 def pool_state(lab):
-    """The node's (srv_admin_state, srv_op_state) in the lab's pool, or None."""
-    text = lab["fleet"].balancer().command("show servers state vllm_pool")
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) > 7 and fields[3] == lab["node"]:
-            return int(fields[6]), int(fields[5])
-    return None
+    """The node's (srv_admin_state flags, operational state) in the lab's pool, or None."""
+    server = haproxy.pool(lab["session"].balancer["runtime_socket"], "vllm_pool").get(lab["node"])
+    return None if server is None else (server["admin_state"], server["op_state"])
 
 
 def agent_status(lab):
@@ -194,7 +195,7 @@ def test_serving_node_with_recycle_timer(lab):
         "settle": 2.5,
         "ready_hold": 20.0,
     }
-    assert pool_state(lab) == (0, 2)  # in the pool, admin state ready, UP through health and agent
+    assert pool_state(lab) == (0, "running")  # in the pool, admin state ready, UP through health and agent
     # idempotence and check mode: tests/integration/test_ops_role.py
 
 
@@ -212,7 +213,7 @@ def test_no_recycle_while_rss_is_flat(lab):
     assert traffic.sent > 10 and status["ttft_p95_seconds"] is not None
     assert main_pid(lab) == pid
     assert ssh(lab, f"test -e {REQUEST} || echo none").strip() == "none"  # never asked to drain
-    assert pool_state(lab) == (0, 2)
+    assert pool_state(lab) == (0, "running")
     metrics = ssh(lab, "cat /var/lib/node_exporter/textfile_collector/gpufleet_worker_recycle.prom")
     assert 'gpufleet_worker_decay{kind="steady"} 1.0' in metrics
     assert "gpufleet_worker_recycles_total 0.0" in metrics
@@ -271,16 +272,16 @@ def test_steady_rss_growth_with_rising_ttft_is_recycled(lab):
     ]
     assert order == sorted(order), journal
     assert main_pid(lab) not in (0, leaking)
-    assert pool_state(lab) == (0, 2)  # back in the pool and ready
+    assert pool_state(lab) == (0, "running")  # back in the pool and ready
     assert json.loads(ssh(lab, f"cat {REQUEST}"))["state"] == "ready"
     metrics = ssh(lab, "cat /var/lib/node_exporter/textfile_collector/gpufleet_worker_recycle.prom")
     assert "gpufleet_worker_recycles_total 1.0" in metrics
     assert 'gpufleet_worker_last_recycle_kind{kind="fragmentation"} 1.0' in metrics
 
 
-def test_controller_driven_cycle(lab, ansible_env):
+def test_controller_driven_cycle(lab):
     pid = main_pid(lab)
-    proc = playbook(lab, ansible_env, PLAYBOOKS / "ops_cycle.yml", RECYCLE_VARS)
+    proc = playbook(lab, PLAYBOOKS / "ops_cycle.yml", RECYCLE_VARS)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
     assert main_pid(lab) not in (0, pid)
     assert pool_state(lab)[0] == 0
@@ -288,10 +289,9 @@ def test_controller_driven_cycle(lab, ansible_env):
     assert "Drain the node in the balancer" in proc.stdout and "Return the node to the pool" in proc.stdout
 
 
-def test_load_test_playbook_against_the_node(lab, ansible_env, tmp_path):
+def test_load_test_playbook_against_the_node(lab, tmp_path):
     proc = playbook(
         lab,
-        ansible_env,
         REPO / "playbooks" / "load_test.yml",
         {
             "load_test_concurrency": 4,
@@ -310,7 +310,6 @@ def test_load_test_playbook_against_the_node(lab, ansible_env, tmp_path):
     # through the balancer's frontend too
     proc = playbook(
         lab,
-        ansible_env,
         REPO / "playbooks" / "load_test.yml",
         {
             "load_test_via_balancer": True,
@@ -323,10 +322,9 @@ def test_load_test_playbook_against_the_node(lab, ansible_env, tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr
 
 
-def test_load_test_refuses_a_host_outside_the_inventory(lab, ansible_env):
+def test_load_test_refuses_a_host_outside_the_inventory(lab):
     proc = playbook(
         lab,
-        ansible_env,
         REPO / "playbooks" / "load_test.yml",
         {"load_test_url": "http://10.99.99.99:8000", "load_test_duration": 1},
     )

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import run_playbook
+from tests.harness.playbook import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "tests" / "integration" / "playbooks" / "ops_role_local.yml"
@@ -163,7 +163,7 @@ def test_cycle_drain_wait_never_reads_a_failed_scrape_as_no_request_running(ansi
     """One run, one host per class of /metrics answer: only a count of zero lets the restart go on;
     a scrape that fails waits on (every attempt of the drain timeout is made) and the host stops
     before the restart, saying why."""
-    from tests.support import FakeHTTP
+    from tests.harness.http import FakeHTTP
 
     routes = {
         "/idle/metrics": VLLM_METRICS.format(running="0.0"),

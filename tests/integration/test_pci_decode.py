@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.gpufleet.node.plugins.module_utils.pcie import _acs, _config_space
-from tests.support import DEV_LINE, lspci_acs, needs_lspci, parse_lspci_dump
+from tests.harness.parsers import DEV_LINE, lspci_acs, needs_lspci, parse_lspci_dump
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "pci"
 CORPUS = Path(__file__).resolve().parents[3] / "shared" / "corpus" / "lspci"

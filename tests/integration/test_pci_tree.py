@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from ansible_collections.gpufleet.node.plugins.module_utils.pcie import _acs, _config_space, _sysfs, _topology
-from tests.support import lspci_acs, needs_lspci
+from tests.harness.parsers import lspci_acs, needs_lspci
 
 
 def flags(value):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import support
+from tests.harness import playbook as runner
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOKS = Path(__file__).resolve().parent / "playbooks"
@@ -33,7 +33,7 @@ def run_playbook(ansible_env, tmp_path, playbook, node, **extra):
     extra_vars = dict(extra, lab_root=str(node.root), out_file=str(out_file))
     vars_file = tmp_path / "vars.json"
     vars_file.write_text(json.dumps(extra_vars))
-    proc = support.run_playbook(
+    proc = runner.run_playbook(
         PLAYBOOKS / playbook,
         local=True,
         env=ansible_env,

@@ -8,7 +8,7 @@
   the role's defaults (the shipped file is the role's template rendered with its defaults:
   tests/integration/test_monitoring_role.py renders it and compares);
 * every dashboard panel's PromQL parses (as recording rules, ``promtool check rules``), and
-  ``tests.support.evaluate_dashboard(url)`` runs each against the lab's live Prometheus
+  ``tests.harness.prometheus.evaluate_dashboard(url)`` runs each against the lab's live Prometheus
   (tests/fleet/test_fleet_6_prometheus.py).
 """
 
@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from ansible_collections.gpufleet.node.plugins.module_utils.serving import _recycle, _vllm_metrics
-from tests.support import DASHBOARD, dashboard, dashboard_queries
-from tests.support import dashboard_panels as panels
+from tests.harness.prometheus import DASHBOARD, dashboard, dashboard_queries
+from tests.harness.prometheus import dashboard_panels as panels
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "roles" / "monitoring"

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import parse_env_file, run_playbook
+from tests.harness.parsers import parse_env_file
+from tests.harness.playbook import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "tests" / "integration" / "playbooks" / "runtime_env_role.yml"

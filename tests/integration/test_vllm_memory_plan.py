@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.gpufleet.node.plugins.module_utils.serving import _kvplan
-from tests import support
+from tests.harness import modules
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "vllm"
@@ -19,7 +19,7 @@ GiB = 1024**3
 
 
 def run_module(args, check_mode=False):
-    return support.run_module("vllm_memory_plan", args, check_mode=check_mode)
+    return modules.run_module("vllm_memory_plan", args, check_mode=check_mode)
 
 
 @pytest.mark.parametrize("check_mode", [False, True])

@@ -19,7 +19,7 @@ import pytest
 from ansible_collections.gpufleet.node.plugins.module_utils.serving import _vllm_metrics as vm
 from lab import llamacpp
 from lab.standins.vllm_engine import Engine
-from tests.support import MetricsServer
+from tests.harness.http import MetricsServer
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "vllm-metrics"
 
@@ -323,7 +323,7 @@ def test_stand_in_engine_preempts_when_the_pool_is_short():
 
 
 class _Metrics:
-    """What the fake server's /metrics answers, in turn (tests.support.MetricsServer)."""
+    """What the fake server's /metrics answers, in turn (tests.harness.http.MetricsServer)."""
 
     texts = []
 

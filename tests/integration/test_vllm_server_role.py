@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from ansible_collections.gpufleet.node.plugins.module_utils.serving import _vllm
-from tests import support
+from tests.harness.parsers import parse_env_file
+from tests.harness.playbook import run_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "tests" / "integration" / "playbooks" / "vllm_server.yml"
@@ -39,7 +40,7 @@ def paths(tmp_path):
 
 def play(ansible_env, extra, *args):
     extra = dict(extra, ansible_python_interpreter=sys.executable)
-    return support.run_playbook(PLAYBOOK, *args, local=True, extra_vars=extra, env=ansible_env, timeout=300)
+    return run_playbook(PLAYBOOK, *args, local=True, extra_vars=extra, env=ansible_env, timeout=300)
 
 
 def recap(proc):
@@ -136,7 +137,7 @@ def test_full_role_writes_unit_secrets_and_config(ansible_env, tmp_path, runtime
     assert files_under(host) == written
     secrets = host / "etc/vllm/secrets.env"
     assert stat.S_IMODE(secrets.stat().st_mode) == 0o600
-    assert support.parse_env_file(secrets.read_text()) == {"HF_TOKEN": TOKEN, "VLLM_API_KEY": API_KEY}
+    assert parse_env_file(secrets.read_text()) == {"HF_TOKEN": TOKEN, "VLLM_API_KEY": API_KEY}
     unit = host / "etc/systemd/system/vllm.service"
     text = unit.read_text()
     for line in (
@@ -358,7 +359,7 @@ def test_bad_numbers_secrets_and_injections_are_refused_before_anything_is_writt
         )
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
-    proc = support.run_playbook(PLAYBOOK, "--diff", "--forks", "4", inventory=inventory, env=ansible_env)
+    proc = run_playbook(PLAYBOOK, "--diff", "--forks", "4", inventory=inventory, env=ansible_env)
     assert proc.returncode == 2, proc.explain()
     for name, (_, message) in REFUSED.items():
         assert proc.host(name)["failed"] == 1, proc.explain()

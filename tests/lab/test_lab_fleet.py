@@ -27,27 +27,14 @@ import pytest
 
 import lab.hwmodel as hw
 from lab.fleet import Fleet
-from tests import support
+from tests.harness.lab import lab_command, lab_prerequisites
+from tests.harness.ssh import ssh as ssh_node
 
 REPO = Path(__file__).resolve().parents[2]
 
-_MISSING = support.lab_prerequisites()
+_MISSING = lab_prerequisites()
 pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"lab prerequisites: {_MISSING}")
 SETPCI = "setpci -O sysfs.path=/lab/hw/sys/bus/pci"
-
-
-def lab(state, *args, check=True, timeout=120):
-    proc = subprocess.run(
-        [sys.executable, "-m", "lab", *args, "--state-dir", str(state)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if check and proc.returncode:
-        raise AssertionError(f"lab {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
-    return proc
 
 
 def new_state(name):
@@ -71,7 +58,7 @@ def spare(session_lab):
 
 def ssh(fleet, node, command, check=True, timeout=60):
     spec = next(n for n in fleet.data()["nodes"] if n["name"] == node)
-    return support.ssh(fleet.key, spec, command, check=check, timeout=timeout)
+    return ssh_node(fleet.key, spec, command, check=check, timeout=timeout)
 
 
 def hw_of(fleet, node):
@@ -93,7 +80,7 @@ def at_firmware_defaults(fleet, node):
 
 
 def test_status_json_describes_nodes_and_balancer(session_lab):
-    st = json.loads(session_lab.cli("status", "--json").stdout)
+    st = json.loads(session_lab.lab("status", "--json").stdout)
     nodes = {n["name"]: n for n in st["nodes"]}
     assert list(nodes) == [f"node{i + 1}" for i in range(len(session_lab.profiles))]
     assert [nodes[n]["profile"] for n in nodes] == session_lab.profiles
@@ -128,13 +115,13 @@ def test_balancer_runtime_api_takes_and_deletes_servers(fleet, spare):
 
 def test_a_command_while_another_runs_says_so(fleet, spare):
     with fleet.locked("up"):
-        proc = lab(fleet.state, "reboot", spare, check=False)
+        proc = lab_command(fleet.state, "reboot", spare, check=False)
     assert proc.returncode == 1
     assert "another lab command is running" in proc.stderr and "lab up, PID" in proc.stderr
 
 
 def test_second_up_says_a_lab_is_running(fleet):
-    proc = lab(fleet.state, "up", "--nodes", "1", check=False)
+    proc = lab_command(fleet.state, "up", "--nodes", "1", check=False)
     assert proc.returncode == 1
     assert "already running" in proc.stderr and "lab down" in proc.stderr
 
@@ -271,7 +258,7 @@ def test_reboot_restores_firmware_defaults_and_empties_run(fleet, spare):
     try:
         before = ssh(fleet, spare, "cat /proc/sys/kernel/random/boot_id").strip()
         t0 = time.monotonic()
-        lab(fleet.state, "reboot", spare)
+        lab_command(fleet.state, "reboot", spare)
         print(f"\nlab reboot: {time.monotonic() - t0:.1f} s")
         assert model.redirected(0, 1), "firmware puts ACS redirect back on"
         dsp = model.path_bridges(0, 1)[0]
@@ -305,7 +292,7 @@ def test_reboot_restores_firmware_defaults_and_empties_run(fleet, spare):
 
 def test_ansible_reaches_every_host_of_the_generated_inventory(fleet, tmp_path, ansible_env):
     inventory = tmp_path / "hosts.yml"
-    lab(fleet.state, "inventory", "--output", str(inventory))
+    lab_command(fleet.state, "inventory", "--output", str(inventory))
     text = inventory.read_text()
     for key in (
         "gpu_nodes:",
@@ -411,7 +398,7 @@ def test_down_leaves_nothing_and_up_down_up_works(tmp_path):
     host_before = _host_config()
     try:
         for cycle in range(3):
-            lab(state, "up", "--nodes", "1", "--profiles", "l40s-4x-switch", timeout=300)
+            lab_command(state, "up", "--nodes", "1", "--profiles", "l40s-4x-switch", timeout=300)
             fleet = Fleet(state)
             if cycle == 0:
                 assert len(fleet.balancer().command("show servers state vllm_pool").strip().splitlines()) == 2, (
@@ -427,7 +414,7 @@ def test_down_leaves_nothing_and_up_down_up_works(tmp_path):
             if cycle == 1:  # the lab's records lost: down still finds everything (cgroups, veth names)
                 (state / "lab.json").unlink()
             t0 = time.monotonic()
-            lab(state, "down")  # once: a second try must never be needed
+            lab_command(state, "down")  # once: a second try must never be needed
             print(f"\ncycle {cycle}: lab down of a serving node in {time.monotonic() - t0:.1f} s")
             assert not [p for p in pids + [hap] if _alive(p)], "processes left after down"
             assert not Path(f"/sys/class/net/{veth}").exists(), "veth left after down"
@@ -436,9 +423,9 @@ def test_down_leaves_nothing_and_up_down_up_works(tmp_path):
             with open("/proc/self/mountinfo") as f:
                 assert str(state) not in f.read()
             assert sorted(p.name for p in state.iterdir()) == ["lock"], f"cycle {cycle}: files left in the state dir"
-        proc = lab(state, "down")
+        proc = lab_command(state, "down")
         assert "nothing was running" in proc.stdout
         assert _host_config() == host_before, "the lab changed the host's configuration"
     finally:
-        lab(state, "down", check=False)
+        lab_command(state, "down", check=False)
         shutil.rmtree(state, ignore_errors=True)

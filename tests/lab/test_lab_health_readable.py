@@ -11,7 +11,7 @@ import pytest
 
 from ansible_collections.gpufleet.node.plugins.module_utils.health import _checks, _collect
 from lab.standins import nvidia_smi as smi
-from tests.support import REPO
+from tests.harness import REPO
 
 OPTIONS = {"fabric_manager_state": "active"}
 

@@ -23,7 +23,9 @@ import yaml
 from lab import prometheus
 from lab.fleet import Fleet
 from lab.preflight import LabError
-from tests import support
+from tests.harness.lab import lab_prerequisites
+from tests.harness.playbook import parse_recap
+from tests.harness.prometheus import prometheus_api
 
 PROMTOOL = shutil.which("promtool")
 SHIPPED_RULES = prometheus.ROLE / "files" / "gpufleet.rules.yml"
@@ -103,7 +105,7 @@ def test_the_labs_prometheus_files_are_the_roles_output(tmp_path):
     assert lab["GpufleetNcclGateFailed"]["for"] == "5s" != shipped["GpufleetNcclGateFailed"]["for"]
 
     again = prom.write_config(inventory)
-    assert support.parse_recap(again.stdout)[prometheus.HOST]["changed"] == 0, again.stdout
+    assert parse_recap(again.stdout)[prometheus.HOST]["changed"] == 0, again.stdout
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool is missing (Debian package prometheus)")
@@ -138,7 +140,7 @@ def test_node_exporter_reads_the_roles_textfile_directory(tmp_path):
     assert link.is_symlink()
 
 
-_MISSING = support.lab_prerequisites()
+_MISSING = lab_prerequisites()
 
 
 @pytest.mark.skipif(bool(_MISSING), reason=f"lab prerequisites: {_MISSING}")
@@ -146,7 +148,7 @@ def test_a_nodes_textfile_metric_reaches_the_labs_prometheus(session_lab):
     """On the session's spare node: node_exporter (enabled, on the node's address) serves what is
     written to the textfile directory, and the lab's Prometheus (`status --json` prometheus.url)
     scrapes it with the node's label; the nodes run no Prometheus of their own."""
-    st = json.loads(session_lab.cli("status", "--json").stdout)
+    st = json.loads(session_lab.lab("status", "--json").stdout)
     url = st["prometheus"]["url"]
     assert st["prometheus"]["state"] == "running" and url.startswith("http://127.0.0.1:")
     spare = session_lab.spare
@@ -165,7 +167,7 @@ def test_a_nodes_textfile_metric_reaches_the_labs_prometheus(session_lab):
         assert out.split("\n")[:3] == ["active", "masked", f"{metric} 42"], out
         deadline = time.monotonic() + 20
         while True:
-            result = support.prometheus_api(url, "query", query=metric)["result"]
+            result = prometheus_api(url, "query", query=metric)["result"]
             if result or time.monotonic() > deadline:
                 break
             time.sleep(0.5)

@@ -10,15 +10,13 @@ planning of `--os` (a list cycled over the nodes, bookworm by default) is checke
 from __future__ import annotations
 
 import json
-import shutil
-import time
 
 import pytest
 
 from lab import rootfs
 from lab.fleet import plan_releases
 from lab.preflight import LabError
-from tests import support
+from tests.harness.lab import Lab, own_lab
 
 RELEASES = ("trixie", "bullseye")
 PROFILE = "l40s-4x-switch"
@@ -126,20 +124,15 @@ def test_rootfs_interpreter_resolves_links_inside_the_tree(monkeypatch, tmp_path
     assert argv[3] == str(root / "usr/bin/python3.9")
 
 
-class ReleasesLab(support.SessionLab):
+class ReleasesLab(Lab):
     def up(self):
-        self.cli("down", check=False)
-        shutil.rmtree(self.state, ignore_errors=True)
-        t0 = time.monotonic()
         # a root filesystem not cached yet is built first (about 2 minutes; setup.sh starts them)
-        self.cli("up", "--profiles", ",".join(self.profiles), "--os", ",".join(RELEASES), timeout=900)
-        self.up_seconds = time.monotonic() - t0
-        support.LAB_TIMINGS.append((f"lab up --os {','.join(RELEASES)}", self.up_seconds, 0))
+        super().up("--os", ",".join(RELEASES), timeout=900)
 
 
 @pytest.fixture(scope="module")
 def releases_lab():
-    with support.own_lab([PROFILE] * len(RELEASES), "releases", lab_class=ReleasesLab) as lab:
+    with own_lab([PROFILE] * len(RELEASES), "releases", lab_class=ReleasesLab) as lab:
         yield lab
 
 
@@ -151,7 +144,7 @@ def _in_node(lab, node, *argv):
 
 @pytest.mark.needs_lab
 def test_status_names_each_nodes_release_and_python(releases_lab):
-    status = json.loads(releases_lab.cli("status", "--json").stdout)
+    status = json.loads(releases_lab.lab("status", "--json").stdout)
     nodes = {n["name"]: n for n in status["nodes"]}
     for i, release in enumerate(RELEASES):
         node = nodes[f"node{i + 1}"]
@@ -159,7 +152,7 @@ def test_status_names_each_nodes_release_and_python(releases_lab):
         assert node["python"] == rootfs.built(release)["python"]
         assert node["python"].startswith(EXPECTED[release][1])
         assert node["state"] == "running", node
-    text = releases_lab.cli("status").stdout
+    text = releases_lab.lab("status").stdout
     assert f"trixie (Python {nodes['node1']['python']})" in text
 
 

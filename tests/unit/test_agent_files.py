@@ -8,7 +8,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.node.plugins.filter.agent_files import COLLECTION, agent_files
-from tests.support import REPO
+from tests.harness import REPO
 
 LIB = "/usr/local/lib/gpufleet"
 TREE = "ansible_collections/gpufleet/node/plugins/module_utils"

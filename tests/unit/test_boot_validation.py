@@ -282,7 +282,7 @@ def test_the_node_requirements_pin_the_controllers_ansible_core():
 
 
 def _node_inventory(host_vars, overrides=None):
-    from tests.support import node_inventory
+    from tests.harness.inventory import node_inventory
 
     text = boot_validation_inventory(
         host_vars, "node1", _contract(), overrides, boot_validation_secret_names(str(ROLES))
@@ -298,7 +298,7 @@ def test_every_exported_string_is_data_in_every_kind_of_field(payload):
     """Template syntax in a string setting, a nested key, a list item, an extra variable and
     strings that YAML would otherwise read as other types: the host's variables are one !unsafe
     mapping, every value comes back as the same text and type, the only template is the collection's."""
-    from tests.support import Unsafe
+    from tests.harness.inventory import Unsafe
 
     host = {
         "gpufleet_kernel_log_path": payload,

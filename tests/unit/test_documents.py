@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from tests.support import REPO
+from tests.harness import REPO
 
 #: Where an issue number is someone else's: a repository or tracker named shortly before it
 #: (``NVIDIA/nccl issue 700``, ``vllm-project/vllm PR 10511 and issue 11550``, ``nccl-tests issue

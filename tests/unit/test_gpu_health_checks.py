@@ -13,8 +13,8 @@ import pytest
 
 from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _nvsmi, _nvsmi_q
 from ansible_collections.gpufleet.node.plugins.module_utils.health import _checks, _collect, _pci_facts, _thresholds
+from tests.harness import REPO
 from tests.smi_samples import as_posted, whole
-from tests.support import REPO
 
 Q = Path(__file__).resolve().parents[1] / "data" / "nvidia-smi-q"
 H100 = _nvsmi_q.parse_query(whole("h100-hbm3-535.183.01.txt"))["gpus"][0]

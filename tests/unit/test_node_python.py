@@ -248,7 +248,7 @@ def test_the_module_reports_each_interpreter_once_and_the_unusable_ones(tmp_path
     """node_python_info as Ansible runs it: a name is looked up in PATH, a path taken as it is;
     the same path once; a candidate that does not run the probe (a pyenv shim of an unselected
     version) is unusable with why; one that is not there is left out. Check mode runs the same."""
-    from tests.support import run_module
+    from tests.harness.modules import run_module
 
     bindir = tmp_path / "bin"
     bindir.mkdir()

@@ -18,7 +18,7 @@ from ansible_collections.gpufleet.node.plugins.module_utils.common import _http 
 from ansible_collections.gpufleet.node.plugins.module_utils.lb import _haproxy as hx
 from ansible_collections.gpufleet.node.plugins.module_utils.serving import _recycle as rc
 from ansible_collections.gpufleet.node.plugins.module_utils.serving import _vllm_metrics as vm
-from tests.support import FakeHTTP, MetricsServer
+from tests.harness.http import FakeHTTP, MetricsServer
 from tests.unit.test_haproxy import fake_haproxy
 
 REPO = Path(__file__).resolve().parents[2]

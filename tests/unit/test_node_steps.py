@@ -106,3 +106,25 @@ def test_the_check_can_fail():
     added = block["block"] + [{"name": "Something new", "ansible.builtin.debug": {}}]
     assert _steps(added, "boot") != BOOT_STEPS
     assert _mode({"when": ["x", BOOT]}) == "both"
+
+
+def test_a_result_other_steps_read_is_published_by_set_fact_never_by_register():
+    """node.yml imports a role in both modes (pcie_p2p whole, then its configure entry point at
+    boot): the import its mode skips still runs every `register:` of that file, and a skipped
+    task's register overwrites the real result with a skipped one (gpu_runtime_env lost the RDMA
+    NICs and NCCL_IB_DISABLE that way). So the roles register only their own private names
+    (``__<role>_...``) and publish what others read with set_fact, which sets nothing when skipped."""
+    public = []
+    for path in sorted((REPO / "roles").glob("*/tasks/*.yml")):
+        for task in _tasks(yaml.safe_load(path.read_text()) or []):
+            name = task.get("register")
+            if name and not name.startswith("__"):
+                public.append("%s: register: %s" % (path.relative_to(REPO), name))
+    assert not public, "register a private __name and publish it with set_fact:\n" + "\n".join(public)
+
+
+def _tasks(tasks):
+    for task in tasks:
+        yield task
+        for key in ("block", "rescue", "always"):
+            yield from _tasks(task.get(key) or [])

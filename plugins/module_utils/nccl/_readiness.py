@@ -52,22 +52,6 @@ RESULT_FIELDS = (
     "duration_s",
     "timestamp",
 )
-#: The readiness marker's fields: what the rule below reads (``boot_id``, ``passed``, ``reason``),
-#: the verdict in short, the serving choice and where the full result is.
-MARKER_FIELDS = (
-    "boot_id",
-    "passed",
-    "kind",
-    "judged_busbw_gbps",
-    "threshold_gbps",
-    "design_key",
-    "rule",
-    "timestamp",
-    "reason",
-    "serving_backend",
-    "serving_backend_reason",
-    "result_path",
-)
 #: The marker's fields copied from the full result.
 _MARKER_FROM_RESULT = (
     "passed",
@@ -79,6 +63,9 @@ _MARKER_FROM_RESULT = (
     "timestamp",
     "reason",
 )
+#: The readiness marker's fields: what the rule below reads (``boot_id``, ``passed``, ``reason``),
+#: the verdict in short, the serving choice and where the full result is.
+MARKER_FIELDS = ("boot_id",) + _MARKER_FROM_RESULT + ("serving_backend", "serving_backend_reason", "result_path")
 #: Fields of the full result that are lists; a result without them records [].
 _LIST_FIELDS = ("rows", "runs", "cmd")
 

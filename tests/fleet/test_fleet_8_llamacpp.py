@@ -69,7 +69,7 @@ def test_heterogeneous_node_serves_with_llamacpp_behind_haproxy(converged, heter
     assert converged.unit_state(node, "vllm.service").get("ActiveState") in ("inactive", None, "")
     # the API key: the node's vLLM key (vaulted vllm_server_api_key), in a 0600 root-owned env file the
     # unit reads, never on the command line nor in the unit
-    key = converged.session.secrets["vllm_server_api_key"]
+    key = converged.secrets["vllm_server_api_key"]
     assert converged.sh(node, "stat -c '%a %U' /etc/llamacpp/secrets.env").split() == ["600", "root"]
     assert "EnvironmentFile=/etc/llamacpp/secrets.env" in unit and key not in unit and key not in env
     assert key not in converged.sh(node, "cat /proc/$(systemctl show -p MainPID --value llama-server.service)/cmdline")

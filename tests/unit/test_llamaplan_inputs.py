@@ -187,3 +187,57 @@ def test_serving_backend_gguf_absent_on_the_controller_is_not_planned(tmp_path):
     assert llamacpp["here"] is False
     choice = serving_backend("auto", [L40S], "x", vllm=VLLM_NO_FIT, llamacpp=llamacpp)
     assert choice["plans"]["llamacpp"] is None
+
+
+def _as_read_by_gguf(path):
+    """The key-value fields and tensor infos as the ``gguf`` package's own GGUFReader reads them."""
+    reader = gguf.GGUFReader(str(path), "r")
+    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    tensors = [
+        (t.name, t.tensor_type.name, tuple(int(d) for d in t.shape), int(t.n_bytes), int(t.data_offset))
+        for t in reader.tensors
+    ]
+    return fields, tensors
+
+
+@pytest.mark.parametrize("model", ["lab", "small"])
+def test_header_reads_as_the_gguf_package_reads_it(tmp_path, model):
+    """The planner's own header read (struct over a memory map) gives the fields and tensors of
+    gguf's GGUFReader; an array longer than SHORT_ARRAY (the lab model's 32k-token vocabulary)
+    keeps its length only."""
+    from ansible_collections.gpufleet.node.plugins.module_utils.serving import _gguf
+    from lab import tiny_gguf
+
+    path = tmp_path / "m.gguf"
+    if model == "lab":
+        tiny_gguf.write(path)
+    else:
+        write_gguf(path)
+    fields, tensors = _gguf.read_header(str(path))
+    want_fields, want_tensors = _as_read_by_gguf(path)
+    assert sorted(fields) == sorted(want_fields)
+    skipped = [k for k, v in fields.items() if isinstance(v, _gguf.SkippedArray)]
+    for key, value in fields.items():
+        if key in skipped:
+            assert len(value) == len(want_fields[key]) > _gguf.SHORT_ARRAY, key
+        else:
+            assert value == want_fields[key], key
+    assert [(t.name, t.type_name, tuple(t.shape), t.n_bytes, t.data_offset) for t in tensors] == want_tensors
+    assert bool(skipped) == (model == "lab"), skipped
+
+
+def test_an_array_longer_than_the_file_is_refused(tmp_path):
+    """A vocabulary whose item count the file's bytes cannot hold is refused before it is walked."""
+    writer = gguf.GGUFWriter(str(tmp_path / "v.gguf"), "llama")
+    writer.add_token_list(["a", "b", "c"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    data = bytearray((tmp_path / "v.gguf").read_bytes())
+    key = b"tokenizer.ggml.tokens"
+    count_at = data.index(key) + len(key) + 4 + 4  # the value type (ARRAY), the item type (STRING)
+    assert struct.unpack_from("<Q", data, count_at) == (3,)
+    struct.pack_into("<Q", data, count_at, 2**40)
+    path = tmp_path / "vocab.gguf"
+    path.write_bytes(bytes(data))
+    _refused(path, r"tokenizer\.ggml\.tokens at byte \d+ needs \d+ bytes, beyond the file's %d" % len(data))

@@ -20,7 +20,10 @@ channel: no stand-in takes a fault from its profile or its environment.  What th
 * the driver as nvidia-smi and NVML meet it (`driver`: not loaded, a library/driver version
   mismatch, no devices; a GPU `lost`: fallen off the bus, no handle for it);
 * how all_reduce_perf misbehaves (`allreduce`: wrong results, a hang, a run killed mid-table, an
-  NCCL failure at start, or every figure slow).
+  NCCL failure at start, or every figure slow);
+* a wedged vLLM engine (`engine_wedge`: when it wedged): the vLLM stand-in started before that
+  time keeps answering `/health` and `/metrics` while its completions never return and its
+  counters freeze; a stand-in started after it (a restart of the server unit) serves again.
 
 A reboot (`reboot()`, called by `Node.reset_firmware`) clears what a reboot clears: the old
 boot's kernel log goes, a pending row remap is applied (the remapped count rises), volatile
@@ -67,6 +70,7 @@ KINDS = (
     "allreduce-truncate",
     "allreduce-crash",
     "allreduce-slow",
+    "engine-wedge",
     "clear",
 )
 #: Faults of the driver as nvidia-smi and NVML meet it (the state's `driver`).
@@ -238,6 +242,7 @@ def default_state(data):
         "peermem": {"configured": peermem, "loaded": peermem},
         "driver": None,
         "allreduce": None,
+        "engine_wedge": None,
         "faults": [],
     }
 
@@ -514,6 +519,11 @@ def inject(root, data, kind, gpu=0, code=None):
     elif kind in DRIVER_FAULTS:
         state["driver"] = kind
         what = "the NVIDIA driver: %s" % kind
+    elif kind == "engine-wedge":
+        # the time of the wedge: a vLLM stand-in started before it is wedged, one (re)started
+        # after it is not (a restart of the server ends a wedge, as it does a hung engine core)
+        state["engine_wedge"] = _now()
+        what = "the vLLM engine is wedged: /health and /metrics answer, completions never return"
     elif kind == "gpu-lost":
         g["lost"] = True
         what = "GPU %d (%s) fell off the bus: no device handle for it" % (gpu, rec["bdf"])

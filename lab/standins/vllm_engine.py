@@ -14,7 +14,9 @@ Each step (as vLLM V1's scheduler does it, much simplified):
    fragmentation penalty of leaked memory on steps that prefill), then the tokens are handed out.
 
 So TTFT = queueing + prefill under contention, inter-token latency grows with the batch, and the
-KV usage gauge is used blocks / pool blocks.  Metrics are kept as vLLM keeps them (histograms with
+KV usage gauge is used blocks / pool blocks.  A wedged engine (``wedged()`` true: the lab's
+`engine-wedge` fault, read by the server) takes no step: requests wait for ever and `/metrics`
+repeats what it said when the engine wedged, as a hung engine core's server does.  Metrics are kept as vLLM keeps them (histograms with
 vLLM's default buckets).  Standard library only (the nodes run it under Debian's python3).
 """
 
@@ -176,6 +178,8 @@ class Engine:
         self.itl_hist = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
         self.thread = None
+        self.wedged = lambda: False
+        self._frozen = None  # the exposition of the moment the engine wedged
 
     @classmethod
     def from_environment(cls, opts, facts, env):
@@ -272,9 +276,16 @@ class Engine:
     def _loop(self):
         words = itertools.cycle(WORDS)
         while True:
+            if self.wedged():
+                time.sleep(0.2)
+                continue
             with self.cond:
                 while not self.waiting and not self.running:
-                    self.cond.wait()
+                    self.cond.wait(timeout=0.5)
+                    if self.wedged():
+                        break
+                if not self.waiting and not self.running:
+                    continue
                 decoders, prefills = self._schedule()
             prefill_tokens = sum(c for _r, c in prefills)
             step = self.itl + self.itl_per_seq * len(decoders) + prefill_tokens / self.prefill_tps
@@ -314,6 +325,14 @@ class Engine:
 
     # --- exposition -----------------------------------------------------------------------------
     def metrics(self, served):
+        if not self.wedged():
+            self._frozen = None
+            return self._exposition(served)
+        if self._frozen is None:
+            self._frozen = self._exposition(served)
+        return self._frozen
+
+    def _exposition(self, served):
         labels = f'engine="0",model_name="{served}"'
         with self.cond:
             gauges = (

@@ -19,6 +19,10 @@ Flags not known to vLLM 0.33.0 (for example `--swap-space`, `--calculate-kv-scal
 as vLLM's argument parser refuses them (exit 2).  Environment: GPUFLEET_LAB_VLLM_STARTUP_S
 (seconds before the port opens, default 1), VLLM_API_KEY (or --api-key: /v1 needs a bearer token).
 
+The lab's `engine-wedge` fault (the hardware model's fault channel, lab/hwmodel/health.py) wedges
+a server started before it: `/health`, `/v1/models` and `/metrics` answer (the metrics frozen),
+completions never return. A server started after it (a restart of the unit) serves again.
+
 Serving (lab/standins/vllm_engine.py): `/v1/completions` and `/v1/chat/completions`, streamed
 (server-sent events, as vLLM's OpenAI server sends them) or not, run by a small continuous-batching
 engine whose KV pool is this node's (blocks of `block_size` tokens), whose admission follows
@@ -316,6 +320,26 @@ def engine_check(opts, gpus):
     return None, facts
 
 
+class WedgeWatch:
+    """Whether the lab wedged this server's engine: an `engine-wedge` fault injected after the
+    server started (``started``, epoch s). The fault channel is read at most every half second."""
+
+    def __init__(self, node, started, every=0.5):
+        self.node, self.started, self.every = node, started, every
+        self.read_at, self.wedged = -math.inf, False
+
+    def __call__(self):
+        now = time.monotonic()
+        if now - self.read_at >= self.every:
+            self.read_at = now
+            try:
+                at = self.node.health.get("engine_wedge")
+            except (OSError, ValueError):
+                at = None
+            self.wedged = at is not None and at >= self.started
+        return self.wedged
+
+
 class Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -537,6 +561,7 @@ def serve(argv):
     time.sleep(float(os.environ.get(STARTUP_ENV, "1")))
     host = opts.get("host") or "0.0.0.0"
     engine = Engine.from_environment(opts, facts, os.environ)
+    engine.wedged = WedgeWatch(node, time.time())
     leak = RSSLeak.from_environment(os.environ, engine)
     try:
         httpd = Server((host, opts["port"]), make_handler(opts, facts, engine))

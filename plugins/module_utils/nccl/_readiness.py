@@ -12,7 +12,9 @@ says otherwise. The GPU health verdict (``gpu-health.json`` beside the marker, w
 gpu_health role at every boot and by the node's gpufleet-gpu-health-watch when a GPU fails while
 serving) counts only when it carries the current boot id: then anything but ``"passed": true``
 keeps the node out, as does a verdict file that cannot be read. No verdict, or one of an earlier
-boot, leaves the decision to the gate's marker.
+boot, leaves the decision to the gate's marker. Where the node runs the serving prober
+(lb_registration), the agent also reads its record (serving/_probe, beside the marker): an engine
+that is wedged or down, or a record missing, stale or unreadable, keeps the node out.
 
 The records the gate writes are built here too, beside the rule that reads them (``gate_records``:
 the full result and the marker, from the ``nccl_allreduce`` result); their fields are listed in
@@ -23,6 +25,8 @@ from __future__ import annotations
 
 import json
 import os
+
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _probe
 
 #: The GPU health verdict's file name, beside the gate's marker.
 HEALTH_FILE = "gpu-health.json"
@@ -124,6 +128,8 @@ def _read_json_object(path, what):
         return None, None
     except (OSError, ValueError) as exc:
         return None, f"unreadable {what} at {path}: {exc}"
+    except RecursionError:  # json's own recursion limit: a verdict nested thousands deep
+        return None, f"unreadable {what} at {path}: nested too deep"
     if not isinstance(data, dict):
         return None, f"unreadable {what} at {path}: not a JSON object"
     return data, None
@@ -185,12 +191,17 @@ def health_reasons(verdict, problem, boot_id, path):
     return [f"GPU health failed ({source}): " + "; ".join(health_failures(verdict))]
 
 
-def agent_verdict(marker_path, boot_id_path, health_path=None):
+def agent_verdict(marker_path, boot_id_path, health_path=None, probe_path=None, probe_max_age=None, now=None):
     """``(word, reasons)``: ``(None, [])`` when the node may take traffic, else the short word of
     the first reason (what the HAProxy agent may tell the balancer: no boot id, BDF or figure) and
     every reason in full (what the agent logs to the node's journal).
 
-    ``health_path`` defaults to :func:`health_path_for` the marker.
+    ``health_path`` defaults to :func:`health_path_for` the marker. ``probe_path``: the serving
+    probe's record (serving/_probe), read where the node's prober runs; then a record of this
+    boot, at most ``probe_max_age`` seconds old, must say the engine serves (``serving`` or
+    ``busy``): ``engine-wedged``, ``engine-down``, ``probe-missing``, ``probe-stale`` and
+    ``probe-unreadable`` otherwise. Without it the engine is not judged here (no prober: the
+    balancer's health check alone judges the server).
     """
     if health_path is None:
         health_path = health_path_for(marker_path)
@@ -215,6 +226,11 @@ def agent_verdict(marker_path, boot_id_path, health_path=None):
         else:
             word = "gate-failed"
         return word, reasons
+    if probe_path:
+        record, problem = _probe.read_record(probe_path)
+        word, reason = _probe.record_problem(record, problem, boot_id, probe_path, probe_max_age, now)
+        if word:
+            return word, [reason]
     return None, []
 
 

@@ -11,6 +11,10 @@ the node's journal, standard error here, and stay in the gate's JSON):
     down #<word>             anything else: no-marker (the gate has not run since boot),
                              stale-marker (an earlier boot's), gate-failed, marker-unreadable,
                              gpu-health-failed, health-unreadable, boot-id-unreadable,
+                             engine-wedged, engine-down (the serving probe's verdict, with
+                             --probe), probe-missing, probe-stale, probe-unreadable (no record of
+                             this boot, an old one: the prober stopped, or one that cannot be
+                             read),
                              allow-list-invalid (its --allow cannot be parsed: it cannot
                              tell whom to answer, so everyone who reaches it hears down),
                              agent-error (anything else that kept it from judging: a bad
@@ -35,8 +39,12 @@ IPAddressAllow= already keeps others out where the kernel supports it; this is t
 The list is parsed by the collection's one parser (module_utils ``lb/_allow``), the one the role's
 preflight refuses a bad entry with.
 
+With --probe (where the role installed the node's serving prober), the prober's record must
+also say the engine serves (``serving`` or ``busy``) and be at most a bound derived from
+--probe-interval and --probe-timeout old (module_utils ``serving/_probe``).
+
     python3 /usr/local/lib/gpufleet/gpufleet_lb_agent.py --marker PATH [--boot-id PATH]
-        [--request PATH] [--allow PREFIX ...]
+        [--request PATH] [--allow PREFIX ...] [--probe PATH --probe-interval S --probe-timeout S]
 """
 
 import argparse
@@ -114,12 +122,17 @@ def read_request(path, now=None):
     return state, short_word(request.get("reason"), "requested")
 
 
-def answer(marker, boot_id, request=None, health=None):
+def answer(marker, boot_id, request=None, health=None, probe=None, probe_interval=5.0, probe_timeout=10.0):
     """``(line, detail)``: the one line for HAProxy, and what the journal gets besides."""
     # the copy of the collection's module_utils the role installs beside this file
     from ansible_collections.gpufleet.node.plugins.module_utils.nccl._readiness import agent_verdict
 
-    word, reasons = agent_verdict(marker, boot_id, health)
+    probed = {}
+    if probe:
+        from ansible_collections.gpufleet.node.plugins.module_utils.serving._probe import max_age
+
+        probed = {"probe_path": probe, "probe_max_age": max_age(probe_interval, probe_timeout)}
+    word, reasons = agent_verdict(marker, boot_id, health, **probed)
     state, why = read_request(request)
     words = [state] if state else []
     words.append("down" if word else "up")
@@ -164,6 +177,9 @@ def serve(argv, peer):
     parser.add_argument(
         "--allow", nargs="*", default=None, help="addresses or prefixes that get an answer (localhost, any)"
     )
+    parser.add_argument("--probe", default="", help="the serving probe's record (JSON); empty: not judged")
+    parser.add_argument("--probe-interval", type=float, default=5.0, help="the prober's interval (s)")
+    parser.add_argument("--probe-timeout", type=float, default=10.0, help="the prober's deadline (s)")
     try:
         args = parser.parse_args(argv)
     except UsageError as exc:
@@ -184,7 +200,14 @@ def serve(argv, peer):
         if not _allow.allows(nets, peer):
             log("no answer to %s: not one of the balancer's addresses (%s)" % (peer, " ".join(args.allow)))
             return 0
-    line, detail = answer(args.marker, args.boot_id, args.request)
+    line, detail = answer(
+        args.marker,
+        args.boot_id,
+        args.request,
+        probe=args.probe,
+        probe_interval=args.probe_interval,
+        probe_timeout=args.probe_timeout,
+    )
     say(line, peer, detail)
     return 0
 

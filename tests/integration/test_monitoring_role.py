@@ -140,6 +140,53 @@ def test_a_llamacpp_node_is_scraped_at_its_own_servers_port(ansible_env, setup):
     }
 
 
+# The serving roles' own step that publishes a node's endpoint (tasks/endpoint.yml), run for the
+# nodes before the monitoring host renders its configuration, as site.yml runs them.
+PUBLISHING_PLAYBOOK = """\
+- name: The llama.cpp node publishes its endpoint
+  hosts: node-1
+  gather_facts: false
+  tasks:
+    - name: Publish the endpoint
+      ansible.builtin.include_role:
+        name: gpufleet.node.llamacpp_server
+        tasks_from: endpoint
+      vars:
+        llamacpp_server_port: 8082
+- name: The vLLM node publishes its endpoint
+  hosts: node-3
+  gather_facts: false
+  tasks:
+    - name: Publish the endpoint
+      ansible.builtin.include_role:
+        name: gpufleet.node.vllm_server
+        tasks_from: endpoint
+      vars:
+        vllm_server_model: example/model
+        vllm_server_port: 8003
+"""
+
+
+def test_a_node_is_scraped_at_the_port_its_server_published(ansible_env, setup):
+    """The serving endpoint a node's backend role published in this run names the port scraped,
+    over the ports the inventory sets: a llama.cpp node whose port came from the play (not the
+    inventory) is scraped there, not at its inventory's vLLM port nor the collection's."""
+    tmp_path, out, extra = setup
+    inventory = yaml.safe_load((tmp_path / "hosts.yml").read_text())
+    nodes = inventory["all"]["children"]["gpu_nodes"]["hosts"]
+    nodes["node-1"].update(gpufleet_serving_backend="llamacpp", vllm_server_port=8005)
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    (tmp_path / "play.yml").write_text(PUBLISHING_PLAYBOOK + PLAYBOOK)
+    proc = play(ansible_env, tmp_path, extra)
+    assert proc.returncode == 0, proc.explain()
+    jobs = {j["job_name"]: j for j in yaml.safe_load((out / "prometheus.yml").read_text())["scrape_configs"]}
+    assert {t: c["labels"] for c in jobs["gpufleet_vllm"]["static_configs"] for t in c["targets"]} == {
+        "10.77.0.11:8082": {"node": "node-1"},
+        "10.77.0.12:8001": {"node": "node-2"},  # published nothing: its inventory's port
+        "10.77.0.13:8003": {"node": "node-3"},
+    }
+
+
 def test_rendered_rules_are_the_shipped_file(ansible_env, setup):
     """The shipped rule file is the template rendered with the role's defaults; regenerate it with
     this playbook and monitoring_prometheus_rules_dir=roles/monitoring/files when the template or

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """One home per shared name (roles/_common): every role depends on it, it adds no task to them,
-no role, template or playbook falls back from another role's variable to a literal, the judging
-thresholds the modules know are written there only, and the two values the lab reads from role
-defaults as numbers and paths stay equal to the home's."""
+no role, template or playbook falls back from another role's variable to a literal, no role
+default or playbook follows another role's variable unless that follow is a reviewed one, the
+judging thresholds the modules know are written there only, and the two values the lab reads from
+role defaults as numbers and paths stay equal to the home's."""
 
 from __future__ import annotations
 
@@ -55,6 +56,9 @@ _ALLOWED = {
     ("playbooks/validate.yml", "nccl_gate_stop_services"),
     # the cycle's own choice where lb_registration's file is not known: the runtime state only
     ("roles/worker_recycle/defaults/main.yml", "lb_registration_config_file"),
+    # the fleet key's former name, read from the inventory only (hostvars hold no role default):
+    # the home is its one reader, every role's key derives from the home
+    ("roles/_common/defaults/main.yml", "vllm_server_api_key"),
 }
 
 
@@ -88,6 +92,90 @@ def test_the_check_can_fail():
             ROLES / "lb_registration" / "x.yml", "{{ vllm_server_port | default(gpufleet_serving_port) }}"
         )
     )
+
+
+# <another role's variable> | default(...): a role following another role's setting, whatever
+# it falls back to.
+_FOLLOW = re.compile(r"\b(?P<var>(?P<role>%s)_[a-z0-9_]+)\s*\|\s*default\(" % _ROLE)
+# Reviewed: a role working beside the other on the same node follows that role's setting, so
+# both move where the inventory moves it; or the monitoring host reads a setting the inventory
+# gives the nodes' roles. Not reviewed, so refused: a role following a role that does not run
+# where it runs for a value the home owns (the serving key's vllm_server_api_key on a llama.cpp
+# node or the monitoring host: gpufleet_serving_api_key is that key).
+_REVIEWED_FOLLOWS = {
+    # the gate's marker on the node: its verdict beside it, the registration reads it
+    ("roles/gpu_health/defaults/main.yml", "nccl_gate_marker_path"),
+    ("roles/lb_registration/defaults/main.yml", "nccl_gate_marker_path"),
+    # the recycle drains the node through the registration's own agent and pool
+    ("roles/worker_recycle/defaults/main.yml", "lb_registration_agent_port"),
+    ("roles/worker_recycle/defaults/main.yml", "lb_registration_agent_request_path"),
+    ("roles/worker_recycle/defaults/main.yml", "lb_registration_backend"),
+    ("roles/worker_recycle/defaults/main.yml", "lb_registration_server_name"),
+    ("roles/worker_recycle/defaults/main.yml", "lb_registration_balancer"),
+    ("roles/worker_recycle/defaults/main.yml", "lb_registration_socket"),
+    ("roles/worker_recycle/defaults/main.yml", "lb_registration_address"),
+    ("roles/worker_recycle/defaults/main.yml", "lb_registration_config_file"),
+    # the pool the nodes register in and the recycle judge's slope, which the alerts follow
+    ("roles/monitoring/defaults/main.yml", "lb_registration_backend"),
+    ("roles/monitoring/defaults/main.yml", "worker_recycle_rss_slope_mib_per_min"),
+    # the inventory's own value (hostvars hold no role default)
+    ("playbooks/validate.yml", "nccl_gate_stop_services"),
+    # the fleet key's former name in the home (see _ALLOWED)
+    ("roles/_common/defaults/main.yml", "vllm_server_api_key"),
+}
+
+
+def _strings(node, where=""):
+    """(where, text) of every string, key or value, of a parsed YAML document."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _strings(key, where)
+            yield from _strings(value, "%s.%s" % (where, key) if where else str(key))
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            yield from _strings(item, "%s[%d]" % (where, i))
+    elif isinstance(node, str):
+        yield where, node
+
+
+def _defaults_and_playbooks():
+    yield from sorted(ROLES.glob("*/defaults/main.yml"))
+    yield from sorted(p for p in (REPO / "playbooks").rglob("*") if p.suffix in (".yml", ".yaml"))
+
+
+def _follows(rel, document):
+    """`<rel>: <where>: <match>` of every follow of another role's variable in a parsed document,
+    with the (file, variable) pair it is reviewed under."""
+    own = rel.split("/")[1] if rel.startswith("roles/") else None
+    for where, text in _strings(document):
+        for m in _FOLLOW.finditer(text):
+            if m["role"] != own:
+                yield (rel, m["var"]), "%s: %s: %s" % (rel, where, m.group(0))
+
+
+def test_no_role_default_or_playbook_follows_another_roles_variable_unreviewed():
+    found = [hit for path in _defaults_and_playbooks() for hit in _follows(str(path.relative_to(REPO)), _yaml(path))]
+    unreviewed = [text for pair, text in found if pair not in _REVIEWED_FOLLOWS]
+    assert unreviewed == [], "\n".join(unreviewed)
+    # a reviewed follow that went is struck off, so the list names only what is there
+    assert _REVIEWED_FOLLOWS <= {pair for pair, _text in found}
+
+
+def test_the_follow_check_can_fail():
+    rel = "roles/monitoring/defaults/main.yml"
+    old = {"monitoring_serving_api_key": "{{ vllm_server_api_key | default(gpufleet_serving_api_key) }}"}
+    assert list(_follows(rel, old)) == [
+        (
+            (rel, "vllm_server_api_key"),
+            "roles/monitoring/defaults/main.yml: monitoring_serving_api_key: vllm_server_api_key | default(",
+        )
+    ]
+    play = [{"tasks": [{"when": "llamacpp_server_port | default(8000) | int > 0"}]}]
+    assert [text for _pair, text in _follows("playbooks/x.yml", play)] == [
+        "playbooks/x.yml: [0].tasks[0].when: llamacpp_server_port | default("
+    ]
+    assert not list(_follows(rel, {"monitoring_x": "{{ monitoring_y | default(gpufleet_serving_api_key) }}"}))
+    assert not list(_follows(rel, {"monitoring_serving_api_key": "{{ gpufleet_serving_api_key }}"}))
 
 
 @pytest.mark.parametrize(

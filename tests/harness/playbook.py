@@ -219,3 +219,30 @@ def _run_watched(argv, env, timeout, watch):
     if killed.is_set():
         raise subprocess.TimeoutExpired(argv, timeout, "".join(lines))
     return proc.returncode, "".join(lines)
+
+
+def one_role_playbook(directory, hosts, role, tasks_from):
+    """(playbook, inventory) written into `directory`: an inventory of `hosts` ({name: vars}) and
+    a playbook that includes the entry point `tasks_from` of the collection's role `role` on every
+    one of them, so that one run tries one step of a role for many cases, a host per case."""
+    directory = Path(directory)
+    inventory = directory / "inventory.json"
+    inventory.write_text(json.dumps({"all": {"hosts": hosts}}))
+    playbook = directory / f"{role}-{tasks_from}.yml"
+    playbook.write_text(
+        "- hosts: all\n  gather_facts: false\n  tasks:\n"
+        f"    - ansible.builtin.include_role:\n        name: gpufleet.node.{role}\n"
+        f"        tasks_from: {tasks_from}\n"
+    )
+    return playbook, inventory
+
+
+def task_results(run, name):
+    """{host: result} of the task `name` of an included role in a run with the JSON callback (a
+    role included per host gives each host's result in a task of its own)."""
+    results = {}
+    for play in run.json["plays"]:
+        for task in play["tasks"]:
+            if task["task"]["name"].endswith(" : " + name):
+                results.update(task["hosts"])
+    return results

@@ -304,7 +304,7 @@ def test_the_roles_preflight_refuses_an_entry_the_agent_cannot_parse_naming_it(a
     """One run, one host per entry (each its own allow list): the bad ones fail at the preflight,
     naming their entry, with nothing written; the good ones pass it. The node's own agent address
     joins the list the agent gets, and is judged with it."""
-    from tests.harness.playbook import run_playbook
+    from tests.harness.playbook import one_role_playbook, run_playbook, task_results
 
     hosts = {f"bad{i}": {"lb_registration_agent_allow": ["10.0.0.2", entry]} for i, entry in enumerate(BAD_ENTRIES)}
     hosts["badaddress"] = {"lb_registration_agent_allow": ["10.0.0.2"], "lb_registration_agent_address": "10.0.0.300"}
@@ -325,22 +325,11 @@ def test_the_roles_preflight_refuses_an_entry_the_agent_cannot_parse_naming_it(a
             lb_registration_systemd_dir=str(root / "systemd"),
         )
         host.setdefault("lb_registration_agent_address", "127.0.0.1")
-    inventory = tmp_path / "inventory.json"
-    inventory.write_text(json.dumps({"all": {"hosts": hosts}}))
-    playbook = tmp_path / "agent.yml"
-    playbook.write_text(
-        "- hosts: all\n  gather_facts: false\n  tasks:\n"
-        "    - ansible.builtin.include_role:\n        name: gpufleet.node.lb_registration\n"
-        "        tasks_from: agent\n"
-    )
+    playbook, inventory = one_role_playbook(tmp_path, hosts, "lb_registration", "agent")
     run = run_playbook(
         playbook, "--check", "--forks", "20", inventory=inventory, env=ansible_env, json_callback=True, timeout=300
     )
-    results = {}
-    for play in run.json["plays"]:
-        for task in play["tasks"]:
-            if task["task"]["name"].endswith(" : " + PREFLIGHT):
-                results.update(task["hosts"])  # the role is included once per host
+    results = task_results(run, PREFLIGHT)
     assert set(results) == set(hosts), run.explain()
     for i, entry in enumerate(BAD_ENTRIES):
         res = results[f"bad{i}"]

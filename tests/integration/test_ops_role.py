@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.playbook import run_playbook
+from tests.harness.playbook import one_role_playbook, run_playbook, task_results
 
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "tests" / "integration" / "playbooks" / "ops_role_local.yml"
@@ -177,14 +177,7 @@ def test_cycle_drain_wait_never_reads_a_failed_scrape_as_no_request_running(ansi
         hosts["refused"] = {"worker_recycle_metrics_url": "http://127.0.0.1:9/metrics"}
         for host in hosts.values():
             host.update(ansible_connection="local", ansible_python_interpreter=sys.executable)
-        inventory = tmp_path / "inventory.json"
-        inventory.write_text(json.dumps({"all": {"hosts": hosts}}))
-        playbook = tmp_path / "drain.yml"
-        playbook.write_text(
-            "- hosts: all\n  gather_facts: false\n  tasks:\n"
-            "    - ansible.builtin.include_role:\n        name: gpufleet.node.worker_recycle\n"
-            "        tasks_from: drain_wait\n"
-        )
+        playbook, inventory = one_role_playbook(tmp_path, hosts, "worker_recycle", "drain_wait")
         run = run_playbook(
             playbook,
             "--forks",
@@ -196,11 +189,7 @@ def test_cycle_drain_wait_never_reads_a_failed_scrape_as_no_request_running(ansi
             timeout=300,
         )
         asked = {name.split("/")[1]: srv.requests.count(name) for name in routes}
-    results = {}
-    for play_ in run.json["plays"]:
-        for task in play_["tasks"]:
-            if task["task"]["name"].endswith(" : " + DRAIN_STEP):
-                results.update(task["hosts"])
+    results = task_results(run, DRAIN_STEP)
     assert set(results) == set(hosts), run.explain()
     assert not results["idle"].get("failed") and asked["idle"] == 1, (results["idle"], asked)
     why = {

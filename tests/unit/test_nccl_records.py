@@ -26,6 +26,25 @@ RECORD = dict(
 )
 
 
+def passed_marker(record, result):
+    """The marker of the pass of tests/data/nccl/gh200-2node-v2.17-good.txt (107.69 GB/s judged
+    against a fixed 100 GB/s) for `record`, with the result's own timestamp and reason."""
+    return {
+        "boot_id": record["boot_id"],
+        "passed": True,
+        "kind": "ok",
+        "judged_busbw_gbps": 107.69,
+        "threshold_gbps": 100.0,
+        "design_key": None,
+        "rule": "fixed",
+        "timestamp": result["timestamp"],
+        "reason": result["reason"],
+        "serving_backend": record["serving_backend"],
+        "serving_backend_reason": record["serving_backend_reason"],
+        "result_path": record["result_path"],
+    }
+
+
 def documented_fields(heading):
     """The backquoted names in the first column of the table after ``heading`` in docs/gate.md."""
     lines = GATE_DOC.read_text().splitlines()
@@ -68,20 +87,8 @@ def test_unset_fractions_are_the_rules_defaults():
 def test_a_measured_pass_becomes_both_records():
     result, _stdout, _message, _calls = gate(params(repeats=3), LOW, GOOD)
     full, marker = _readiness.gate_records(result, "node1", **RECORD)
-    assert marker == {
-        "boot_id": RECORD["boot_id"],
-        "passed": True,
-        "kind": "ok",
-        "judged_busbw_gbps": 107.69,
-        "threshold_gbps": 100.0,
-        "design_key": None,
-        "rule": "fixed",
-        "timestamp": result["timestamp"],
-        "reason": result["reason"],
-        "serving_backend": "vllm",
-        "serving_backend_reason": RECORD["serving_backend_reason"],
-        "result_path": "/var/lib/gpufleet/nccl-gate.json",
-    }
+    assert marker == passed_marker(RECORD, result)
+    assert marker["serving_backend"] == "vllm" and marker["result_path"] == "/var/lib/gpufleet/nccl-gate.json"
     assert full["host"] == "node1" and full["boot_id"] == RECORD["boot_id"]
     assert {k: v for k, v in full.items() if k not in ("host", "boot_id")} == {
         k: result[k] for k in _readiness.RESULT_FIELDS if k not in ("host", "boot_id")

@@ -57,8 +57,8 @@ def parser():
         "--timeout", type=float, default=BOOT_TIMEOUT, help="seconds to wait for the nodes to finish booting"
     )
     sub.add_parser("down", help="stop everything and remove what `up` made")
-    rb = sub.add_parser("reboot", help="power-cycle a node: firmware defaults, empty /run, boot")
-    rb.add_argument("node")
+    rb = sub.add_parser("reboot", help="power-cycle nodes (together): firmware defaults, empty /run, boot")
+    rb.add_argument("nodes", nargs="+", metavar="node")
     ft = sub.add_parser("fault", help="inject a fault into a node's hardware model (at once), or `clear` them all")
     ft.add_argument("node")
     ft.add_argument(
@@ -187,7 +187,7 @@ def main(argv=None):
         elif args.verb == "down":
             fleet.down()
         elif args.verb == "reboot":
-            fleet.reboot(args.node)
+            fleet.reboot(*args.nodes)
         elif args.verb == "fault":
             from . import faults
 

@@ -367,15 +367,25 @@ class Fleet:
             except OSError:  # not empty (the operator's own group variables), or gone
                 pass
 
-    def reboot(self, name, timeout=BOOT_TIMEOUT, log=print):
+    def reboot(self, *names, timeout=BOOT_TIMEOUT, log=print):
+        """Power-cycle the nodes together: all stopped, all powered on, then each waited for."""
         preflight.require_root()
         with self.locked("reboot"):
-            m = self.machine(name)
+            machines = [self.machine(name) for name in names]
             t0 = time.monotonic()
-            old = m.boot_id()
-            m.stop()
-            self._power_on(m, timeout)
-            log(f"lab reboot: {name} is back in {time.monotonic() - t0:.1f} s (boot_id {old} -> {m.boot_id()})")
+            old = {m.name: m.boot_id() for m in machines}
+            for m in machines:
+                m.stop()
+            for m in machines:
+                m.power_cycle_firmware()
+                m.start()
+            deadline = time.monotonic() + timeout
+            for m in machines:
+                m.wait_ready(deadline)
+                log(
+                    f"lab reboot: {m.name} is back in {time.monotonic() - t0:.1f} s "
+                    f"(boot_id {old[m.name]} -> {m.boot_id()})"
+                )
 
     def stop_node(self, name, log=print):
         """Power a node off (unreachable until `start`): for tests of a node lost mid-play."""

@@ -16,7 +16,8 @@ work as against a mirror, and a package is on the node only once a role installe
     <cache>/gpufleet/rootfs-<release>-<key>/build.json   release, Python, packages, build seconds
 
 ``key`` is a hash of the release, both package lists and ``BUILDER_VERSION``: a change of any of
-them builds a new tree.  A build runs in ``rootfs-<release>-<key>.tmp.XXXXXX`` (debootstrap
+them builds a new tree, and the release's trees of other keys are then removed (``prune``: never
+one a running node has mounted, nor one being built).  A build runs in ``rootfs-<release>-<key>.tmp.XXXXXX`` (debootstrap
 inside a private mount namespace, so that nothing it mounts can outlive it) and is renamed into
 place when complete; a second caller waits on the build's lock and then uses its result.
 
@@ -187,6 +188,48 @@ def _remove(directory):
     shutil.rmtree(directory, ignore_errors=True)
 
 
+def _in_use(directory):
+    """Whether any process's mount table has a mount of, or over, something under directory (an
+    overlay whose lower layer it is: a running lab node)."""
+    prefix = str(directory).rstrip("/") + "/"
+    for mountinfo in Path("/proc").glob("[0-9]*/mountinfo"):
+        try:
+            text = mountinfo.read_text()
+        except OSError:  # the process ended meanwhile
+            continue
+        if prefix in text or f" {directory} " in text:
+            return True
+    return False
+
+
+def prune(release, log=print):
+    """Remove the cached trees of ``release`` other than the current key's (older package lists
+    or builders), with their lock files; a tree still in use or still being built (its lock held)
+    is kept, saying why.  Returns the removed directories."""
+    check_release(release)
+    current = path(release)
+    removed = []
+    for old in sorted(current.parent.glob(f"rootfs-{release}-*")):
+        name = old.name
+        if old == current or not old.is_dir() or ".tmp." in name:
+            continue
+        lock_path = old.parent / f"{name}.lock"
+        with open(lock_path, "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log(f"rootfs: kept {old}: it is being built")
+                continue
+            if _in_use(old):
+                log(f"rootfs: kept {old}: a running lab node has it mounted (`python -m lab down` first)")
+                continue
+            _remove(old)
+            lock_path.unlink(missing_ok=True)
+        removed.append(old)
+        log(f"rootfs: removed {old} (an older version of the {release} tree)")
+    return removed
+
+
 def _build(release, progs, tmp, log):
     root = tmp / "root"
     t0 = time.monotonic()
@@ -290,6 +333,7 @@ def ensure(release, progs=None, log=print):
         except BaseException:
             _remove(tmp)
             raise
+    prune(release, log=log)
     log(
         f"rootfs: {release} built in {record['build_seconds']:.0f} s (Python {record['python']}, "
         f"systemd {record['systemd']}): {final}"

@@ -173,7 +173,7 @@ class Lab:
         node changed, a balancer verb the healthy nodes, and a boot's wall time is kept."""
         if args and args[0] in ("reboot", "stop", "start"):
             self._status = None
-            self.changed(args[1])
+            self.changed(*args[1:])
         elif args and args[0] == "balancer":
             # a restarted HAProxy keeps the servers of its config file; still, nobody checked
             self._status = None
@@ -188,8 +188,10 @@ class Lab:
             )
         return proc
 
-    def reboot(self, node):
-        self.lab("reboot", node)
+    def reboot(self, *nodes):
+        """`lab reboot NODE...`: the nodes power-cycled together (a boot waits for each one's boot
+        validation)."""
+        self.lab("reboot", *nodes)
 
     def status(self, refresh=False):
         """`lab status --json` (kept until a verb changes it, or refresh)."""

@@ -10,6 +10,7 @@ planning of `--os` (a list cycled over the nodes, bookworm by default) is checke
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -122,6 +123,72 @@ def test_rootfs_interpreter_resolves_links_inside_the_tree(monkeypatch, tmp_path
     assert argv[1] == "--library-path"
     assert argv[2].split(":") == [str(root / "lib/x86_64-linux-gnu"), str(root / "usr/lib/x86_64-linux-gnu")]
     assert argv[3] == str(root / "usr/bin/python3.9")
+
+
+def _fake_tree(directory):
+    (directory / "root" / "usr").mkdir(parents=True)
+    (directory / "build.json").write_text("{}\n")
+    (directory.parent / f"{directory.name}.lock").write_text("")
+    return directory
+
+
+def test_rootfs_prune_removes_the_releases_other_versions_only(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    current = _fake_tree(rootfs.path("trixie"))
+    old = _fake_tree(current.parent / "rootfs-trixie-000000000000")
+    building = current.parent / "rootfs-trixie-111111111111.tmp.abcdef"
+    (building / "root").mkdir(parents=True)
+    other_release = _fake_tree(current.parent / "rootfs-bullseye-000000000000")
+    said = []
+    assert rootfs.prune("trixie", log=said.append) == [old]
+    assert not old.exists() and not (old.parent / f"{old.name}.lock").exists()
+    assert current.is_dir() and building.is_dir() and other_release.is_dir()
+    assert said == [f"rootfs: removed {old} (an older version of the trixie tree)"]
+
+
+def test_rootfs_prune_keeps_a_tree_in_use_or_being_built(monkeypatch, tmp_path):
+    import fcntl
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    mounted = _fake_tree(rootfs.cache_dir() / "rootfs-bullseye-000000000000")
+    locked = _fake_tree(rootfs.cache_dir() / "rootfs-bullseye-111111111111")
+    monkeypatch.setattr(rootfs, "_in_use", lambda directory: directory == mounted)
+    said = []
+    with open(locked.parent / f"{locked.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assert rootfs.prune("bullseye", log=said.append) == []
+    assert mounted.is_dir() and locked.is_dir()
+    assert said == [
+        f"rootfs: kept {mounted}: a running lab node has it mounted (`python -m lab down` first)",
+        f"rootfs: kept {locked}: it is being built",
+    ]
+
+
+def test_rootfs_in_use_reads_the_mount_tables(tmp_path):
+    """A directory some process has a mount of (here: /proc, in this process's table) is in use;
+    an unmounted one is not."""
+    assert rootfs._in_use(Path("/proc"))
+    assert not rootfs._in_use(tmp_path)
+
+
+def test_rootfs_ensure_prunes_after_a_build(monkeypatch, tmp_path):
+    from lab import preflight
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    old = _fake_tree(rootfs.cache_dir() / "rootfs-trixie-000000000000")
+    monkeypatch.setattr(preflight, "builder_programs", lambda: {})
+
+    def build(release, progs, tmp, log):
+        (tmp / "root").mkdir()
+        record = {"release": release, "python": "3.13.5", "systemd": "257", "build_seconds": 1.0}
+        (tmp / "build.json").write_text(json.dumps(record))
+        return record
+
+    monkeypatch.setattr(rootfs, "_build", build)
+    said = []
+    assert rootfs.ensure("trixie", log=said.append)["python"] == "3.13.5"
+    assert rootfs.built("trixie") and not old.exists()
+    assert f"rootfs: removed {old} (an older version of the trixie tree)" in said
 
 
 class ReleasesLab(Lab):

@@ -14,6 +14,8 @@ from .preflight import LabError
 
 MARKER = "/run/gpufleet/nccl-gate.json"
 HEALTH = "/run/gpufleet/gpu-health.json"
+#: The GPU health verdict's action for a hold (the collection's health/_verdict.HARDWARE_INSPECTION).
+HOLD = "hardware inspection"
 
 
 def gather(fleet, settle=6.0):
@@ -21,7 +23,9 @@ def gather(fleet, settle=6.0):
     reason, faults, ok}]
 
     A node is expected in the pool when its profile says so and its hardware model holds no
-    fault that must keep it out (`hwmodel.health.keeps_out`, the lab's own judgement).
+    fault that must keep it out (`hwmodel.health.keeps_out`, the lab's own judgement), and its
+    GPU health verdict holds no hold for hardware inspection (`held`: the same fatal XID came back
+    after a reboot; only an operator's clear, which the hardware model cannot know of, ends it).
 
     A server added seconds ago is down until HAProxy's first health and agent checks (every 2 s)
     have passed: the pool is read again for up to `settle` seconds while a member in service
@@ -49,13 +53,14 @@ def gather(fleet, settle=6.0):
         marker, health = _read_json(m, MARKER), _read_json(m, HEALTH)
         node = m.hw_node()
         faults = hw.health.keeps_out(m.hw_dir, node.data)
-        expected = m.spec["expect_registered"] and not faults
+        held = bool(health) and health.get("passed") is False and health.get("action") == HOLD
+        expected = m.spec["expect_registered"] and not faults and not held
         server = pool.get(name)
         registered = server is not None and server["state"] == "ready"
         gate = "no marker" if not marker else ("passed" if marker.get("passed") else "FAILED")
         if marker and marker.get("boot_id") != m.boot_id():
             gate += " (old boot)"
-        gpu_health = "-" if not health else ("passed" if health.get("passed") is True else "FAILED")
+        gpu_health = "-" if not health else ("passed" if health.get("passed") is True else "HELD" if held else "FAILED")
         if health and health.get("boot_id") != m.boot_id():
             gpu_health += " (old boot)"
         rows.append(
@@ -69,6 +74,7 @@ def gather(fleet, settle=6.0):
                 "gate": gate,
                 "gpu_health": gpu_health,
                 "faults": faults,
+                "held": held,
                 "busbw_gbps": marker.get("judged_busbw_gbps"),
                 "threshold_gbps": marker.get("threshold_gbps"),
                 "reason": (health.get("reason") if health and health.get("passed") is not True else None)
@@ -112,7 +118,9 @@ def render(rows, pool_error=None):
             f"{traffic:<8} {'in' if r['expect_registered'] else 'out':<9} {'ok' if r['ok'] else 'WRONG'}"
         )
     for r in rows:
-        if r["gate"].startswith("FAILED") or r["gpu_health"].startswith("FAILED"):
+        if r.get("held"):
+            lines.append(f"  {r['name']}: held for hardware inspection (playbooks/clear_gpu_hold.yml): {r['reason']}")
+        elif r["gate"].startswith("FAILED") or r["gpu_health"].startswith("FAILED"):
             lines.append(f"  {r['name']}: {r['reason']}")
         if r["faults"]:
             lines.append(f"  {r['name']}: the lab holds faults that keep it out: {'; '.join(r['faults'])}")

@@ -55,6 +55,15 @@ description:
   - With O(boot_id_path) it also returns RV(verdict), the GPU health verdict of this boot ready to
     write to C(gpu-health.json) (what M(gpufleet.node.node_readiness_info) and the node's HAProxy
     agent read); O(failure) returns the failing verdict of a caller whose GPUs could not be read.
+  - With O(history_path) too, the fatal XIDs of this boot are added to the node's XID history
+    across boots (returned as RV(history), for the caller to write) and two more checks are
+    judged on it. C(xid_recurrence) - the same fatal XID on the same GPU in O(recurrence_boots)
+    distinct boots holds the node out with the action C(hardware inspection), in later boots
+    too, until M(gpufleet.node.gpu_health_hold) clears the hold (GPUd - an XID two reboots do not
+    clear calls for hardware inspection). C(xid_node_wide) - the same fatal XID on every GPU of
+    the node in one boot is a software or driver event (NVSentinel tells one GPU's fault from
+    all GPUs'); it does not count towards the recurrence. A history that cannot be read fails
+    the task naming the file.
 version_added: 0.2.0
 author:
   - gpufleet.node developers (@gpufleet)
@@ -68,6 +77,18 @@ options:
         module returns RV(verdict), bound to that boot id; a boot id that cannot be read (missing,
         empty, not text) fails the task naming the file.
     type: path
+  history_path:
+    description:
+      - The node's XID history across boots (JSON, on persistent storage such as
+        C(/var/lib/gpufleet/gpu-xid-history.json)); no file yet is an empty history. Needs
+        O(boot_id_path). The module only reads it; RV(history.content) is what to write.
+    type: path
+  recurrence_boots:
+    description:
+      - Distinct boots with the same fatal XID on the same GPU that hold the node for hardware
+        inspection. Source - GPUd (two reboots that do not clear the same XID).
+    type: int
+    default: 2
   failure:
     description:
       - Read no GPU and return the failing verdict of this boot with one C(gpu_facts) check whose
@@ -374,6 +395,29 @@ gpu_health:
     passed:
       description: No check failed.
       type: bool
+history:
+  description: The node's XID history with this boot's fatal XIDs recorded.
+  returned: when O(history_path) is given
+  type: dict
+  contains:
+    path:
+      description: O(history_path).
+      type: str
+    changed:
+      description: Whether this run recorded something new (RV(history.content) differs from the file).
+      type: bool
+    content:
+      description: The history file's new text (JSON), to write to RV(history.path).
+      type: str
+    holds:
+      description: The holds for hardware inspection, each C(gpu), C(code), C(boots) (boot ids)
+        and C(since) (seconds since the epoch).
+      type: list
+      elements: dict
+    metrics:
+      description: The history's node-exporter textfile (C(gpufleet_gpu_health_xid_count),
+        C(_xid_boots), C(_xid_last_seen_timestamp_seconds), C(_hold), C(_hold_xid), C(_xid_node_wide)).
+      type: str
 verdict:
   description:
     - The GPU health verdict of this boot, as written to C(gpu-health.json) and read by
@@ -429,6 +473,7 @@ from ansible_collections.gpufleet.node.plugins.module_utils.common import _proc
 from ansible_collections.gpufleet.node.plugins.module_utils.health import (
     _checks,
     _collect,
+    _history,
     _kernel_log,
     _pci_facts,
     _thresholds,
@@ -548,6 +593,32 @@ def read_boot_id(module):
         )
 
 
+def read_history(module):
+    """The node's XID history (None without ``history_path``); a clear failure when it cannot be
+    read: a node whose record is lost must not pass as one without a hold."""
+    path = module.params["history_path"]
+    if path is None:
+        return None
+    try:
+        return _history.load(path)
+    except _history.HistoryError as exc:
+        module.fail_json(msg=str(exc), cause="history")
+
+
+def judge_history(params, history, boot_id, xids, bus_ids):
+    """``(history result, checks)``: this boot's fatal XIDs recorded, the holds and the node-wide
+    events judged."""
+    updated, changed = _history.observe(history, boot_id, xids, bus_ids, boots=params["recurrence_boots"])
+    result = {
+        "path": params["history_path"],
+        "changed": changed,
+        "content": _history.dump(updated),
+        "holds": updated["holds"],
+        "metrics": _history.textfile(updated, boot_id),
+    }
+    return result, _history.judge(updated, boot_id)
+
+
 def failure_result(boot_id, reason):
     """The result of ``failure``: GPUs that could not be read, one ``gpu_facts`` failure."""
     checks = [_verdict.check("gpu_facts", _verdict.FAIL, [], reason, _verdict.INSPECT)]
@@ -558,6 +629,8 @@ def failure_result(boot_id, reason):
 def main():
     argument_spec = dict(
         boot_id_path=dict(type="path"),
+        history_path=dict(type="path"),
+        recurrence_boots=dict(type="int", default=_history.DEFAULT_BOOTS),
         failure=dict(type="str"),
         backend=dict(type="str", default="auto", choices=["auto", "nvml", "nvidia_smi"]),
         nvidia_smi_path=dict(type="path"),
@@ -579,12 +652,17 @@ def main():
         if _thresholds.DEFAULT_THRESHOLDS[name] is not None:
             argument_spec[name]["default"] = _thresholds.DEFAULT_THRESHOLDS[name]
     module = AnsibleModule(
-        argument_spec=argument_spec, supports_check_mode=True, required_by={"failure": "boot_id_path"}
+        argument_spec=argument_spec,
+        supports_check_mode=True,
+        required_by={"failure": "boot_id_path", "history_path": "boot_id_path"},
     )
     params = module.params
     boot_id = read_boot_id(module)
     if params["failure"] is not None:
         module.exit_json(changed=False, backend=None, backend_notes=[], **failure_result(boot_id, params["failure"]))
+    if params["recurrence_boots"] < 1:
+        module.fail_json(msg="recurrence_boots must be at least 1, not %d" % params["recurrence_boots"])
+    history = read_history(module)
     if params["timeout"] <= 0:
         module.fail_json(msg="timeout must be a positive number of seconds, not %d" % params["timeout"])
     run = runner(params["timeout"])
@@ -621,6 +699,11 @@ def main():
         "kernel_log_error": log_error,
     }
     checks = _checks.run_checks(record, xids, sxids, pci, options)
+    bus_ids = [g["bus_id"] for g in record["gpus"]]
+    history_result = None
+    if history is not None:
+        history_result, history_checks = judge_history(params, history, boot_id, xids, bus_ids)
+        checks += history_checks
     passed, _failed, _warned = _verdict.verdict(checks)
     health = {
         "backend": used,
@@ -641,6 +724,8 @@ def main():
     result = dict(changed=False, backend=used, backend_notes=notes, gpu_health=health)
     if params["boot_id_path"] is not None:
         result["verdict"] = _verdict.record_of_checks(boot_id, checks)
+    if history_result is not None:
+        result["history"] = history_result
     module.exit_json(**result)
 
 

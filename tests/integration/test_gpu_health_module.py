@@ -285,3 +285,66 @@ def test_a_boot_id_that_cannot_be_read_fails_and_failure_returns_a_failing_verdi
     assert result["gpu_health"]["checks"] == [check] and result["gpu_health"]["passed"] is False
     refused = run_module("gpu_health_info", {"failure": "x"})
     assert refused.get("failed") and "boot_id_path" in refused["msg"], refused
+
+
+def test_the_same_fatal_xid_in_two_boots_holds_the_node_until_the_hold_is_cleared(node):
+    """history_path: each boot's fatal XIDs recorded (the role writes ``history.content``); the
+    second boot with XID 79 on the same GPU holds the node, also in a third boot without it."""
+    history = node.tmp / "gpu-xid-history.json"
+    gpu = node.bdfs[0]
+    xid = "[ 8123.456789] NVRM: Xid (PCI:%s): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+    banner = "[    0.000000] Linux version 6.8.0-49-generic\n"
+
+    def boot(n, log):
+        (node.tmp / "boot_id").write_text("boot-%d\n" % n)
+        result = run_module(
+            "gpu_health_info", node(log=log, boot_id_path=str(node.tmp / "boot_id"), history_path=str(history))
+        )
+        assert not result.get("failed"), result
+        if result["history"]["changed"]:
+            history.write_text(result["history"]["content"])
+        return result
+
+    first = boot(1, banner + xid % gpu[:-2])
+    assert first["history"]["holds"] == [] and first["verdict"]["action"] == "reboot"
+    assert 'gpufleet_gpu_health_xid_count{gpu="%s",code="79",scope="boot"} 1' % gpu in first["history"]["metrics"]
+    assert boot(1, banner + xid % gpu[:-2])["history"]["changed"] is False  # the same boot again
+    second = boot(2, banner + xid % gpu[:-2])
+    assert [(h["gpu"], h["code"], h["boots"]) for h in second["history"]["holds"]] == [(gpu, 79, ["boot-1", "boot-2"])]
+    third = boot(3, banner)
+    assert third["verdict"]["passed"] is False and third["verdict"]["action"] == "hardware inspection"
+    assert [c["name"] for c in third["verdict"]["checks"]] == ["xid_recurrence"]
+    assert third["gpu_health"]["passed"] is False
+    cleared = run_module("gpu_health_hold", {"history_path": str(history), "state": "cleared"})
+    assert cleared["changed"] is True
+    fourth = boot(4, banner)
+    assert fourth["verdict"]["passed"] is True and fourth["history"]["holds"] == []
+
+
+def test_the_same_fatal_xid_on_every_gpu_is_a_software_or_driver_event(node):
+    (node.tmp / "boot_id").write_text("boot-1\n")
+    log = "".join(
+        "[ 8123.45678%d] NVRM: Xid (PCI:%s): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+        % (n, bdf[:-2])
+        for n, bdf in enumerate(node.bdfs)
+    )
+    history = node.tmp / "gpu-xid-history.json"
+    result = run_module(
+        "gpu_health_info", node(log=log, boot_id_path=str(node.tmp / "boot_id"), history_path=str(history))
+    )
+    checks = {c["name"]: c for c in result["verdict"]["checks"]}
+    assert checks["xid_node_wide"]["gpus"] == sorted(node.bdfs)
+    assert "XID 79 on every GPU of the node in this boot (8 GPUs)" in checks["xid_node_wide"]["reason"]
+    assert result["verdict"]["action"] == "check the driver and software (a software or driver event)"
+    assert not history.exists()  # the module only reads it
+
+
+def test_an_unreadable_history_fails_the_task_naming_the_file(node):
+    (node.tmp / "boot_id").write_text("boot-1\n")
+    history = node.tmp / "gpu-xid-history.json"
+    history.write_text('{"version": 1, "events": 3, "holds": []}')
+    result = run_module("gpu_health_info", node(boot_id_path=str(node.tmp / "boot_id"), history_path=str(history)))
+    assert result.get("failed") and result["cause"] == "history" and str(history) in result["msg"], result
+    assert "clear_gpu_hold" in result["msg"]
+    refused = run_module("gpu_health_info", node(history_path=str(history)))
+    assert refused.get("failed") and "boot_id_path" in refused["msg"], refused

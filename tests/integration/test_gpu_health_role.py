@@ -21,6 +21,7 @@ from tests.harness.playbook import run_playbook
 from tests.integration.test_gpu_health_module import nvlinks, report
 
 PLAYBOOK = Path(__file__).resolve().parent / "playbooks" / "gpu_health_role.yml"
+CLEAR = Path(__file__).resolve().parent / "playbooks" / "gpu_health_clear.yml"
 WATCHER = Path(__file__).resolve().parents[2] / "roles" / "gpu_health" / "files" / "gpufleet_gpu_health_watch.py"
 XID_79 = "[ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
 
@@ -52,9 +53,9 @@ class Node:
         )
         self.smi.chmod(0o755)
 
-    def run(self, *args):
+    def run(self, *args, playbook=PLAYBOOK):
         return run_playbook(
-            PLAYBOOK,
+            playbook,
             *args,
             extra_vars={
                 "lab_root": str(self.machine.root),
@@ -93,7 +94,10 @@ class Node:
         """Files of the verdict's and the metrics' directories other than the two the role writes."""
         dirs = [self.verdict_path.parent, self.state / "var/lib/node_exporter/textfile_collector"]
         return sorted(
-            p.name for d in dirs for p in d.iterdir() if p.name not in ("gpu-health.json", "gpufleet_gpu_health.prom")
+            p.name
+            for d in dirs
+            for p in d.iterdir()
+            if p.name not in ("gpu-health.json", "gpufleet_gpu_health.prom", "gpufleet_gpu_health_xid.prom")
         )
 
 
@@ -209,3 +213,52 @@ def test_gpus_that_cannot_be_read_fail_the_host_with_a_verdict(node):
     assert verdict["passed"] is False and verdict["checks"][0]["name"] == "gpu_facts"
     assert "couldn't communicate with the NVIDIA driver" in verdict["checks"][0]["reason"]
     assert node.metrics()["gpufleet_gpu_health_passed"] == [({}, 0.0)]
+
+
+@pytest.mark.slow
+def test_the_same_xid_after_a_reboot_holds_the_node_until_the_documented_clear(node):
+    """XID 79 on the same GPU in two boots: the host fails held for hardware inspection, in a
+    third boot without the XID too; the clear (check mode and diff first, changed only with a
+    hold) lets the next check pass."""
+    boot_id = node.machine.root / "proc/sys/kernel/random/boot_id"
+    history = node.state / "var/lib/gpufleet/gpu-xid-history.json"
+    banner = node.kernel_log.read_text()
+
+    def boot(n, log):
+        boot_id.write_text("0c4e3a52-0b43-4d0b-9b0e-1f3e5d0f8a1%d\n" % n)
+        node.kernel_log.write_text(banner + log)
+        return node.run()
+
+    first = boot(1, XID_79)
+    assert first.rc == 2 and "Held for hardware inspection" not in " ".join(first.host_failures("localhost"))
+    assert [e["code"] for e in json.loads(history.read_text())["events"]] == [79]
+    held = boot(2, XID_79)
+    assert held.rc == 2, held.explain()
+    failure = " ".join(" ".join(held.host_failures("localhost")).split())
+    assert "msg: 'Held for hardware inspection (the same fatal XID came back" in failure, failure
+    assert "xid_recurrence: XID 79 on 0000:3b:00.0 in 2 boots" in failure
+    assert "Strongest action: hardware inspection." in failure
+    again = boot(3, "")
+    assert again.rc == 2 and node.verdict()["action"] == "hardware inspection", again.explain()
+    assert [c["name"] for c in node.verdict()["checks"]] == ["xid_recurrence"]
+    assert node.agent().startswith("down #GPU health failed (gpu_health): xid_recurrence: "), node.agent()
+    xid_metrics = node.state / "var/lib/node_exporter/textfile_collector/gpufleet_gpu_health_xid.prom"
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(xid_metrics.read_text())
+        for s in family.samples
+    }
+    assert samples[("gpufleet_gpu_health_hold", ())] == 1.0
+    assert samples[("gpufleet_gpu_health_xid_boots", (("code", "79"), ("gpu", "0000:3b:00.0")))] == 2.0
+    key = ("gpufleet_gpu_health_xid_count", (("code", "79"), ("gpu", "0000:3b:00.0"), ("scope", "boot")))
+    assert samples[key] == 0.0  # none in this boot; two in the history
+    before = history.read_text()
+    checked = node.run("--check", "--diff", playbook=CLEAR)
+    assert checked.rc == 0 and checked.host("localhost")["changed"] == 1, checked.explain()
+    assert "XID 79 on 0000:3b:00.0 in 2 boots" in checked.stdout and history.read_text() == before
+    cleared = node.run(playbook=CLEAR)
+    assert cleared.rc == 0 and cleared.host("localhost")["changed"] >= 1, cleared.explain()
+    assert "\ngpufleet_gpu_health_hold 0\n" in xid_metrics.read_text()
+    assert node.run(playbook=CLEAR).host("localhost")["changed"] == 0  # no hold: nothing to do
+    passed = node.run()
+    assert passed.rc == 0 and node.verdict()["passed"] is True, passed.explain()

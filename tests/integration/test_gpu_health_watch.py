@@ -16,10 +16,13 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.node.plugins.module_utils.health import _checks  # noqa: F401 (loaded first)
+from ansible_collections.gpufleet.node.plugins.module_utils.health import (
+    _checks,  # noqa: F401 (loaded first)
+    _history,
+)
 from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _readiness
 from tests.harness import REPO
-from tests.harness.modules import install_agent
+from tests.harness.modules import install_agent, run_module
 from tests.smi_samples import whole
 
 ROLE = REPO / "roles" / "gpu_health"
@@ -588,3 +591,77 @@ def test_a_malformed_previous_verdict_does_not_stop_the_failure_being_written(no
     verdict = json.loads(path.read_text())
     assert verdict["boot_id"] == BOOT and verdict["passed"] is False and verdict["checks"][0]["name"] == "xid"
     assert agent(node).startswith("down #GPU health failed (gpu-health-watch): xid: XID 79"), agent(node)
+
+
+# -- the node's XID history across boots (--history), as installed, --once per boot ----------------
+# It records each fatal XID of a boot, holds the node for hardware inspection when the same XID
+# hits the same GPU in a second boot, keeps it held in a later boot without the XID, writes the
+# history's metrics, fails on a history it cannot read, and lets the node go once the hold is
+# cleared (module gpu_health_hold).
+def boot(node, boot_id, log):
+    """One boot's judgement: its boot id and kernel log, then ``--once``."""
+    (node / "boot_id").write_text(boot_id + "\n")
+    (node / "kern.log").write_text(log)
+    verdict = node / "run" / "gpu-health.json"
+    if verdict.exists():
+        verdict.unlink()  # /run is empty at each boot
+    proc = subprocess.run(
+        argv(
+            node,
+            "--nvidia-smi",
+            str(smi(node, H100)),
+            "--history",
+            str(node / "state" / "gpu-xid-history.json"),
+            "--history-metrics",
+            str(node / "textfile" / "gpufleet_gpu_health_xid.prom"),
+            "--once",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return proc, json.loads(verdict.read_text()) if verdict.exists() else None
+
+
+def test_the_same_xid_in_two_boots_holds_the_node_until_cleared(node):
+    history = node / "state" / "gpu-xid-history.json"
+    metrics = node / "textfile" / "gpufleet_gpu_health_xid.prom"
+    proc, verdict = boot(node, "boot-1", BANNER + XID_79)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert [c["name"] for c in verdict["checks"]] == ["xid"] and verdict["action"] == "reboot"
+    recorded = _history.load(str(history))
+    assert [(e["boot_id"], e["gpu"], e["code"]) for e in recorded["events"]] == [("boot-1", "0000:53:00.0", 79)]
+    assert recorded["holds"] == [] and "\ngpufleet_gpu_health_hold 0\n" in metrics.read_text()
+
+    proc, verdict = boot(node, "boot-2", BANNER + XID_79)
+    assert proc.returncode == 1 and "held for hardware inspection" in proc.stdout, proc.stdout
+    assert verdict["action"] == "hardware inspection" and verdict["source"] == "gpu-health-watch"
+    assert {c["name"] for c in verdict["checks"]} == {"xid", "xid_recurrence"}
+    assert "\ngpufleet_gpu_health_hold 1\n" in metrics.read_text()
+    assert 'gpufleet_gpu_health_xid_boots{gpu="0000:53:00.0",code="79"} 2' in metrics.read_text()
+
+    # a boot where the XID did not come back: still held
+    proc, verdict = boot(node, "boot-3", BANNER)
+    assert proc.returncode == 1, proc.stdout
+    assert [c["name"] for c in verdict["checks"]] == ["xid_recurrence"]
+    assert verdict["passed"] is False and verdict["action"] == "hardware inspection"
+    # the node's HAProxy agent reads the verdict as it is (nccl/_readiness, unchanged) and answers down
+    (node / "run" / "nccl-gate.json").write_text(json.dumps({"boot_id": "boot-3", "passed": True}))
+    answer = _readiness.agent_answer(str(node / "run" / "nccl-gate.json"), str(node / "boot_id"))
+    assert answer.startswith("down #") and "xid_recurrence" in answer, answer
+
+    # the documented clear (module gpu_health_hold), then the next boot is judged afresh
+    assert run_module("gpu_health_hold", {"history_path": str(history), "state": "cleared"})["changed"] is True
+    proc, verdict = boot(node, "boot-4", BANNER)
+    assert proc.returncode == 0 and verdict is None, proc.stdout
+    assert "\ngpufleet_gpu_health_hold 0\n" in metrics.read_text()
+
+
+def test_an_unreadable_history_fails_with_the_file_named(node):
+    (node / "state").mkdir()
+    (node / "state" / "gpu-xid-history.json").write_text("not json")
+    proc, verdict = boot(node, "boot-1", BANNER)
+    assert proc.returncode == 1, proc.stdout
+    (check,) = verdict["checks"]
+    assert check["name"] == "xid_history" and str(node / "state" / "gpu-xid-history.json") in check["reason"]
+    assert (node / "state" / "gpu-xid-history.json").read_text() == "not json"  # never overwritten

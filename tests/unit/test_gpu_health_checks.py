@@ -574,5 +574,7 @@ def test_the_verdict_record_is_the_one_its_readers_read():
         "fix the node configuration",
         "reset the GPU",
         "reboot",
+        "check the driver and software (a software or driver event)",
         "drain and inspect the hardware",
+        "hardware inspection",
     ]

@@ -23,7 +23,12 @@ RESET_GPU = "reset the GPU"
 REBOOT = "reboot"
 INSPECT = "drain and inspect the hardware"
 CONFIGURE = "fix the node configuration"
-ACTIONS = (NONE, RESTART_APP, CONFIGURE, RESET_GPU, REBOOT, INSPECT)
+# The history's rules (``_history``): the same fatal XID on every GPU in one boot (NVSentinel's
+# software fault), and the same fatal XID on one GPU in several boots (GPUd's hardware
+# inspection), which holds the node out until an operator clears it.
+SOFTWARE_EVENT = "check the driver and software (a software or driver event)"
+HARDWARE_INSPECTION = "hardware inspection"
+ACTIONS = (NONE, RESTART_APP, CONFIGURE, RESET_GPU, REBOOT, SOFTWARE_EVENT, INSPECT, HARDWARE_INSPECTION)
 
 #: Who wrote a verdict (its ``source``): the gpu_health role (the module's full check) or the
 #: node's watcher.

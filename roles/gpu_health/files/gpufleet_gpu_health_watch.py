@@ -17,6 +17,11 @@ agent (``nccl/_readiness``, the same rule as ``node_readiness_info``) then answe
 balancer stops sending traffic at its next agent check. Nothing is restarted. The watcher never
 writes a pass: the gpu_health role does, when it judges the node again (boot validation).
 
+With ``--history`` it records each fatal XID of this boot in the node's XID history across boots
+(``health/_history``, the same record and rules as the role's check): the same fatal XID on the
+same GPU in ``--recurrence-boots`` boots holds the node for hardware inspection, the same fatal
+XID on every GPU is a software or driver event; the history's metrics go to ``--history-metrics``.
+
 Kernel events are final for the boot (as for the role's check); the GPU conditions are judged as
 they are now. A verdict rewritten by someone else while a failure stands is written again.
 
@@ -61,6 +66,7 @@ def load_rules(lib_dir):
     from ansible_collections.gpufleet.node.plugins.module_utils.gpu import _nvsmi, _nvsmi_q
     from ansible_collections.gpufleet.node.plugins.module_utils.health import (
         _checks,
+        _history,
         _kernel_log,
         _thresholds,
         _verdict,
@@ -68,6 +74,7 @@ def load_rules(lib_dir):
     from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _readiness
 
     return types.SimpleNamespace(
+        _history=_history,
         _atomic=_atomic,
         _proc=_proc,
         _nvsmi=_nvsmi,
@@ -267,6 +274,8 @@ class Watch:
         self.boot_id = None  # the last boot id read
         self.boot_id_problem = None
         self.warned = set()
+        self.history_metrics = None  # the history's metrics last written
+        self.history_problem = None
 
     def forget(self):
         self.xids, self.sxids, self.carry = {}, {}, []
@@ -338,11 +347,48 @@ class Watch:
                     verdict.REBOOT,
                 )
             )
+        judged += self.judge_history(fatal_xids)
         for c in judged:
             if c["status"] == verdict.WARN and (c["name"], c["reason"]) not in self.warned:
                 self.warned.add((c["name"], c["reason"]))
                 log("GPU health warning, the node stays in rotation: %s: %s" % (c["name"], c["reason"]))
         return [c for c in judged if c["status"] == verdict.FAIL]
+
+    def judge_history(self, fatal_xids):
+        """The failed checks of the node's XID history (``--history``), with this boot's fatal Xid
+        events recorded there first (written when they add to it); a history that cannot be read
+        fails (the node's hold would be lost)."""
+        if not self.args.history:
+            return []
+        history, verdict = self.rules._history, self.rules._verdict
+        path = self.args.history
+        try:
+            record = history.load(path)
+        except history.HistoryError as exc:
+            if str(exc) != self.history_problem:
+                self.history_problem = str(exc)
+                log(str(exc))
+            return [verdict.check("xid_history", verdict.FAIL, [], str(exc), verdict.INSPECT)]
+        self.history_problem = None
+        boot_id, _problem = self.read_boot_id()
+        if boot_id is None:
+            # Not bound to a boot, the events cannot be counted by boot; the boot_id check says why.
+            return history.judge(record, None)
+        record, changed = history.observe(
+            record, boot_id, list(fatal_xids), sorted(self.known | set(self.bus_ids)), boots=self.args.recurrence_boots
+        )
+        if changed:
+            self.rules._atomic.write(path, history.dump(record))
+            for h in record["holds"]:
+                log(
+                    "XID %d on %s in %d boots: the node is held for hardware inspection until the hold is cleared"
+                    % (h["code"], h["gpu"], len(h["boots"]))
+                )
+        metrics = history.textfile(record, boot_id)
+        if self.args.history_metrics and metrics != self.history_metrics:
+            self.rules._atomic.write(self.args.history_metrics, metrics)
+            self.history_metrics = metrics
+        return history.judge(record, boot_id)
 
     def read_boot_id(self):
         """``(boot id, problem)``: the boot id now, else the one read last (a boot id does not
@@ -498,11 +544,21 @@ def parse_args(argv):
     parser.add_argument(
         "--expect-gpu-count", type=int, help="GPUs nvidia-smi must report (default: those it reported first)"
     )
+    parser.add_argument("--history", help="the node's XID history across boots (JSON, persistent storage)")
+    parser.add_argument("--history-metrics", help="the textfile the history's metrics are written to")
+    parser.add_argument(
+        "--recurrence-boots",
+        type=int,
+        default=2,
+        help="boots with the same fatal XID on the same GPU that hold the node for hardware inspection",
+    )
     parser.add_argument("--no-gpu-poll", action="store_true", help="follow the kernel log only")
     parser.add_argument("--once", action="store_true", help="judge once (whole log, one poll) and exit")
     args = parser.parse_args(argv)
     if args.log_interval <= 0 or args.gpu_interval <= 0 or args.timeout <= 0 or args.nvidia_smi_failures < 1:
         parser.error("intervals and --timeout must be positive, --nvidia-smi-failures at least 1")
+    if args.recurrence_boots < 1:
+        parser.error("--recurrence-boots must be at least 1")
     if args.expect_gpu_count is not None and args.expect_gpu_count < 1:
         parser.error("--expect-gpu-count must be at least 1")
     return args

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ansible_collections.gpufleet.node.plugins.module_utils.health import _history
 from ansible_collections.gpufleet.node.plugins.module_utils.serving import _recycle, _vllm_metrics
 from tests.harness.prometheus import DASHBOARD, dashboard, dashboard_queries
 from tests.harness.prometheus import dashboard_panels as panels
@@ -84,7 +85,7 @@ def test_every_alert_has_a_firing_and_a_quiet_test():
             for case in test.get("alert_rule_test", []):
                 (fires if case.get("exp_alerts") else quiet).add(case["alertname"])
     names = set(alerts())
-    assert len(names) == 13
+    assert len(names) == 15
     assert names - fires == set(), "alerts without a test where they fire"
     assert names - quiet == set(), "alerts without a test where they stay quiet"
     assert (fires | quiet) - names == set(), "tests of alerts that do not exist"
@@ -131,6 +132,7 @@ def test_rules_read_the_metrics_the_roles_write():
         for pattern in ("roles/*/templates/**/*.prom.j2", "playbooks/templates/*.prom.j2", "plugins/action/*.py")
         for p in REPO.glob(pattern)
     ) + _recycle.textfile({"rss_slope_mib_per_min": 1.0, "rss_bytes": 1}, {"last_recycle_kind": "x"})
+    sources += _history.textfile(_history.empty(), "boot")
     used = set(re.findall(r'(?<!["\w])gpufleet_[a-z_]+', " ".join(r["expr"] for r in alerts().values())))
     assert used and {m for m in used if m not in sources} == set()
 

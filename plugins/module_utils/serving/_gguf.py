@@ -181,7 +181,7 @@ class _Cursor:
             if count > SHORT_ARRAY:
                 self._skip(item_type, count, what, depth + 1)
                 return SkippedArray(count)
-            return [self.value(item_type, what, depth + 1) for _ in range(count)]
+            return [self.value(item_type, what, depth + 1) for _item in range(count)]
         raise GGUFError("%s: %s has value type %d, which GGUF does not define" % (self.path, what, vtype))
 
     def _skip(self, item_type, count, what, depth):
@@ -191,7 +191,7 @@ class _Cursor:
             self.pos += count * scalar.size
             return
         self._need(count * 8, what)  # every string or array item starts with its 8-byte length
-        for _ in range(count):
+        for _item in range(count):
             if item_type == self.string_type:
                 (length,) = self.unpack("Q", what)
                 self._need(length, what)

@@ -90,7 +90,7 @@ def test_scrape_config_for_the_lab_inventory(ansible_env, setup):
     config = out / "prometheus.yml"
     check = subprocess.run([PROMTOOL, "check", "config", str(config)], capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 13 rules found" in check.stdout
+    assert "SUCCESS: 17 rules found" in check.stdout
 
     doc = yaml.safe_load(config.read_text())
     assert doc["rule_files"] == [str(out / "rules.d" / "gpufleet.rules.yml")]
@@ -327,7 +327,7 @@ def test_a_prometheus_systemd_does_not_run_is_reloaded_through_its_endpoint(ansi
         ]
         with urllib.request.urlopen(url + "/api/v1/rules", timeout=10) as resp:
             rules = [r["name"] for g in json.load(resp)["data"]["groups"] for r in g["rules"]]
-        assert len(rules) == 13 and "GpufleetNcclGateFailed" in rules
+        assert len(rules) == 17 and "GpufleetNcclGateFailed" in rules
         again = play(ansible_env, tmp_path, extra, reload)
         assert again.returncode == 0 and again.host("prom")["changed"] == 0, again.explain()
         # an endpoint that does not answer fails the run, naming it

@@ -85,7 +85,7 @@ def test_every_alert_has_a_firing_and_a_quiet_test():
             for case in test.get("alert_rule_test", []):
                 (fires if case.get("exp_alerts") else quiet).add(case["alertname"])
     names = set(alerts())
-    assert len(names) == 15
+    assert len(names) == 17
     assert names - fires == set(), "alerts without a test where they fire"
     assert names - quiet == set(), "alerts without a test where they stay quiet"
     assert (fires | quiet) - names == set(), "tests of alerts that do not exist"
@@ -126,10 +126,15 @@ def test_for_durations_are_the_roles_defaults():
 
 def test_rules_read_the_metrics_the_roles_write():
     """Every gpufleet_* metric the rules use is written by a template, an action plugin (the drift
-    report's) or module_utils."""
+    report's), a node-side agent (the serving prober's) or module_utils."""
     sources = "".join(
         p.read_text()
-        for pattern in ("roles/*/templates/**/*.prom.j2", "playbooks/templates/*.prom.j2", "plugins/action/*.py")
+        for pattern in (
+            "roles/*/templates/**/*.prom.j2",
+            "playbooks/templates/*.prom.j2",
+            "plugins/action/*.py",
+            "roles/*/files/*.py",
+        )
         for p in REPO.glob(pattern)
     ) + _recycle.textfile({"rss_slope_mib_per_min": 1.0, "rss_bytes": 1}, {"last_recycle_kind": "x"})
     sources += _history.textfile(_history.empty(), "boot")

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""What a node's OS family uses (role gpufleet.node.pcie_p2p): its paths, and how a kernel parameter
-reaches every boot."""
+"""What a node's OS family uses (roles gpufleet.node.pcie_p2p, monitoring, worker_recycle): its
+paths, the packages that install what a role needs, and how a kernel parameter reaches every boot."""
 
 from __future__ import annotations
 
@@ -32,6 +32,20 @@ def kernel_param_plan(facts, param, grubby_info=""):
         raise AnsibleFilterError("kernel_param_plan: %s" % exc) from exc
 
 
+def os_packages(facts, what, override=None, variable="", advice=""):
+    """``{'family', 'pkg_mgr', 'packages', 'refused'}`` (see module_utils/common/_os_family.py)."""
+    if not isinstance(facts, Mapping):
+        raise AnsibleFilterError("os_packages: expects the node's ansible_facts, got %s" % type(facts).__name__)
+    if what not in _os_family.PACKAGES:
+        raise AnsibleFilterError("os_packages: %r is none of %s" % (what, ", ".join(sorted(_os_family.PACKAGES))))
+    if override is not None and not isinstance(override, (str, list)):
+        raise AnsibleFilterError(
+            "os_packages: %s must be a package name or a list of them, got %s"
+            % (variable or "the override", type(override).__name__)
+        )
+    return _os_family.package_plan(dict(facts), what, override, str(variable or ""), str(advice or ""))
+
+
 class FilterModule:
     def filters(self):
-        return {"kernel_param_plan": kernel_param_plan, "os_family_paths": os_family_paths}
+        return {"kernel_param_plan": kernel_param_plan, "os_family_paths": os_family_paths, "os_packages": os_packages}

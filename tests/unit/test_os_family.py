@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpufleet.node.plugins.filter.os_family import kernel_param_plan, os_family_paths
+from ansible_collections.gpufleet.node.plugins.filter.os_family import kernel_param_plan, os_family_paths, os_packages
 from ansible_collections.gpufleet.node.plugins.module_utils.common import _os_family
 from tests.unit.test_node_python import TABLE, facts
 
@@ -119,3 +119,104 @@ def test_only_an_acs_kernel_parameter_is_planned():
         kernel_param_plan(facts("rhel-9"), "iommu=pt", GRUBBY)
     with pytest.raises(AnsibleFilterError, match="expects the node's ansible_facts"):
         kernel_param_plan("RedHat", PARAM)
+
+
+# --- the packages the roles install (filter os_packages; roles monitoring, worker_recycle) -------
+DEBIAN_PACKAGES = {
+    "node_exporter": ["prometheus-node-exporter"],
+    "prometheus_client": ["python3-prometheus-client"],
+    "prometheus": ["prometheus"],
+    "pciutils": ["pciutils"],
+}
+RHEL_PACKAGES = {"node_exporter": None, "prometheus_client": None, "prometheus": None, "pciutils": ["pciutils"]}
+RELEASE_PACKAGES = {release: DEBIAN_PACKAGES for release in PATHS if release != "rhel-9"} | {"rhel-9": RHEL_PACKAGES}
+
+
+@pytest.mark.parametrize("release", sorted(RELEASE_PACKAGES))
+@pytest.mark.parametrize("what", sorted(DEBIAN_PACKAGES))
+def test_the_packages_of_each_release_come_from_its_facts(release, what):
+    expected = RELEASE_PACKAGES[release][what]
+    plan = os_packages(facts(release), what, None, "the_var", ", or the_switch=false")
+    assert plan["family"] == PATHS[release][0]
+    assert plan["pkg_mgr"] == PATHS[release][1] == facts(release)["pkg_mgr"]
+    if expected is None:
+        assert plan["packages"] == []
+        assert plan["refused"].startswith(
+            "RedHat 9.8 (OS family RedHat) has no package for %s in its base repositories" % what
+        )
+        assert plan["refused"].endswith(
+            ": set the_var to the package(s) that provide it from a repository the node has, or the_switch=false"
+        )
+    else:
+        assert plan == {"family": PATHS[release][0], "pkg_mgr": PATHS[release][1], "packages": expected, "refused": ""}
+
+
+def test_rhel_is_told_where_the_packages_are():
+    assert "(EPEL 9 has it as node-exporter)" in os_packages(facts("rhel-9"), "node_exporter")["refused"]
+    assert (
+        "(EPEL 9 has it as python3-prometheus_client)" in os_packages(facts("rhel-9"), "prometheus_client")["refused"]
+    )
+
+
+@pytest.mark.parametrize("override", ["node-exporter", ["node-exporter"]])
+def test_the_operators_package_is_installed_instead(override):
+    plan = os_packages(facts("rhel-9"), "node_exporter", override, "monitoring_node_exporter_package")
+    assert plan == {"family": "RedHat", "pkg_mgr": "dnf", "packages": ["node-exporter"], "refused": ""}
+    debian = os_packages(facts("debian-12"), "prometheus_client", ["python3-prometheus-client", "python3-yaml"])
+    assert debian["packages"] == ["python3-prometheus-client", "python3-yaml"]
+    # empty (the roles' defaults): the family's
+    assert os_packages(facts("debian-12"), "node_exporter", "")["packages"] == ["prometheus-node-exporter"]
+    assert os_packages(facts("debian-12"), "node_exporter", [])["packages"] == ["prometheus-node-exporter"]
+
+
+def test_another_family_gets_no_packages_and_is_refused_even_with_an_override():
+    suse = {"os_family": "Suse", "distribution": "SLES", "distribution_version": "15.6"}
+    plan = os_packages(suse, "node_exporter", "golang-github-prometheus-node_exporter")
+    assert plan["pkg_mgr"] == "" and plan["packages"] == []
+    assert plan["refused"] == (
+        "SLES 15.6 (OS family Suse) is not a system the collection installs node_exporter on: "
+        "it supports the Debian and RedHat families"
+    )
+
+
+def test_os_packages_refuses_what_it_has_no_table_for():
+    with pytest.raises(
+        AnsibleFilterError, match="'grafana' is none of node_exporter, pciutils, prometheus, prometheus_client"
+    ):
+        os_packages(facts("debian-12"), "grafana")
+    with pytest.raises(AnsibleFilterError, match="monitoring_node_exporter_package must be a package name or a list"):
+        os_packages(facts("debian-12"), "node_exporter", {"name": "x"}, "monitoring_node_exporter_package")
+    with pytest.raises(AnsibleFilterError, match="expects the node's ansible_facts"):
+        os_packages("Debian", "node_exporter")
+
+
+# --- check mode's diff of the grubby route -------------------------------------------------------
+def test_the_diff_shows_each_entry_before_and_after_the_commands():
+    plan = kernel_param_plan(facts("rhel-9"), PARAM, GRUBBY)
+    before, after = plan["diff"]["before"].splitlines(), plan["diff"]["after"].splitlines()
+    assert [line for line in before if line.startswith("kernel=")] == ['kernel="%s"' % k for k in KERNELS]
+    assert [line for line in after if line.startswith("kernel=")] == ['kernel="%s"' % k for k in KERNELS]
+    for old, new in zip(before[1::2], after[1::2], strict=True):
+        assert new == old[:-1] + ' "%s""' % PARAM  # grubby's --args adds it at the end
+    # what the diff's after shows is what the commands leave: nothing to do from there
+    done = _with_args(GRUBBY, '"%s"' % PARAM)
+    assert kernel_param_plan(facts("rhel-9"), PARAM, done)["commands"] == []
+    assert _os_family.grubby_diff(done, PARAM)["after"].splitlines()[1::2] == after[1::2]
+
+
+def test_the_diff_changes_only_the_entries_the_commands_change():
+    lines = _with_args(GRUBBY, '"%s"' % PARAM).splitlines()
+    lines[2] = next(line for line in GRUBBY.splitlines() if line.startswith('args="'))
+    diff = kernel_param_plan(facts("rhel-9"), PARAM, "\n".join(lines))["diff"]
+    before, after = diff["before"].splitlines(), diff["after"].splitlines()
+    assert [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b] == [1]  # the first entry's args
+    # an old bridge list and another pci= option become the one word the command writes
+    old = _with_args(GRUBBY, 'pci=noaer "pci=disable_acs_redir=0000:40:01.1"')
+    after = _os_family.grubby_diff(old, PARAM)["after"].splitlines()[1]
+    assert after.endswith('retbleed=stuff "pci=noaer,%s""' % PARAM[len("pci=") :])
+    assert 'pci=disable_acs_redir=0000:40:01.1"' not in after
+
+
+def test_the_debian_route_and_an_unread_listing_have_no_diff():
+    assert kernel_param_plan(facts("debian-12"), PARAM)["diff"] == {}
+    assert kernel_param_plan(facts("rhel-9"), PARAM, "")["diff"] == {}

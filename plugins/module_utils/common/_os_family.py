@@ -41,6 +41,77 @@ def paths(facts):
     return dict(FAMILIES[family], family=family)
 
 
+#: The distribution packages of what the roles install, by OS family, from the repositories a fresh
+#: install has enabled (Debian: main; Ubuntu: main and universe; RHEL: BaseOS and AppStream). None:
+#: that family's base repositories have none, and the second field says where one is (a repository
+#: the operator enables, and the name it has there). Sources, each package's page:
+#: packages.debian.org/<name> (bullseye, bookworm, trixie), packages.ubuntu.com/{jammy,noble}/<name>
+#: (prometheus-node-exporter is in universe), packages.fedoraproject.org/pkgs/node-exporter/node-exporter
+#: and .../pkgs/python-prometheus_client/python3-prometheus_client (both in EPEL 9, not in RHEL 9).
+PACKAGES = {
+    "pciutils": {"Debian": (["pciutils"], ""), "RedHat": (["pciutils"], "")},
+    "node_exporter": {
+        "Debian": (["prometheus-node-exporter"], ""),
+        "RedHat": (None, "EPEL 9 has it as node-exporter"),
+    },
+    "prometheus_client": {
+        "Debian": (["python3-prometheus-client"], ""),
+        "RedHat": (None, "EPEL 9 has it as python3-prometheus_client"),
+    },
+    "prometheus": {"Debian": (["prometheus"], ""), "RedHat": (None, "")},
+}
+
+
+def _system(facts):
+    return "%s %s (OS family %s)" % (
+        facts.get("distribution") or "an unknown system",
+        facts.get("distribution_version") or "",
+        facts.get("os_family") or "unknown",
+    )
+
+
+def package_plan(facts, what, override=None, variable="", advice=""):
+    """``{'family', 'pkg_mgr', 'packages', 'refused'}``: the packages that install ``what`` (a key of
+    :data:`PACKAGES`) on the node, with the package manager of its OS family. ``override`` (the
+    role's variable ``variable``: a name or a list of names), when given, is installed instead of
+    the table's. ``refused`` is '' or why nothing can be installed (a family without the package in
+    its base repositories, or without a path at all), naming the system and ``variable``, followed
+    by ``advice`` (the role's other way out, as written): the role fails with it before it
+    installs anything. KeyError for a ``what`` the table lacks."""
+    facts = facts or {}
+    table = PACKAGES[what]
+    family = facts.get("os_family")
+    if family not in FAMILIES:
+        return {
+            "family": family or "",
+            "pkg_mgr": "",
+            "packages": [],
+            "refused": "%s is not a system the collection installs %s on: it supports the %s families"
+            % (_system(facts), what, " and ".join(sorted(FAMILIES))),
+        }
+    plan = {"family": family, "pkg_mgr": FAMILIES[family]["pkg_mgr"], "packages": [], "refused": ""}
+    if isinstance(override, str):
+        override = [override] if override else []
+    if override:
+        plan["packages"] = [str(name) for name in override]
+        return plan
+    names, elsewhere = table[family]
+    if names is None:
+        plan["refused"] = (
+            "%s has no package for %s in its base repositories%s: set %s to the package(s) that provide it from a repository the node has%s"
+            % (
+                _system(facts),
+                what,
+                " (%s)" % elsewhere if elsewhere else "",
+                variable or "the role's package variable",
+                advice,
+            )
+        )
+        return plan
+    plan["packages"] = list(names)
+    return plan
+
+
 def package_manager(facts):
     """The package manager of the node's OS family (``apt``, ``dnf``); '' for another family."""
     return FAMILIES.get((facts or {}).get("os_family"), {}).get("pkg_mgr", "")
@@ -123,11 +194,35 @@ def grubby_commands(text, param):
     return commands
 
 
+def _after(words, param):
+    """An entry's arguments as the commands of :func:`grubby_commands` leave them: its ``pci=``
+    words removed, the one word of :func:`_pci_word` added at the end, in double quotes."""
+    pci = [w for w in words if w.replace('"', "").startswith("pci=")]
+    return [w for w in words if w not in pci] + ['"%s"' % _pci_word(pci, param)]
+
+
+def grubby_diff(text, param):
+    """``{'before', 'after'}``: each boot entry of ``grubby --info=ALL`` as ``kernel=`` and
+    ``args=`` lines, as it is and as :func:`grubby_commands` leaves it (an entry that carries the
+    parameter already, the same in both): the diff check mode shows."""
+    before, after = [], []
+    for entry in grubby_entries(text):
+        pci = [w.replace('"', "") for w in entry["args"] if w.replace('"', "").startswith("pci=")]
+        new = entry["args"] if pci == [_pci_word(pci, param)] else _after(entry["args"], param)
+        for lines, words in ((before, entry["args"]), (after, new)):
+            lines += ['kernel="%s"' % entry["kernel"], 'args="%s"' % " ".join(words)]
+    return {"before": "\n".join(before) + "\n", "after": "\n".join(after) + "\n"}
+
+
 def kernel_param_plan(facts, param, grubby_info=""):
-    """``{'family', 'route', 'commands'}``: how ``param`` reaches every boot of the node. Route
-    ``grub_dropin`` (Debian family: the role's drop-in and update-grub; no commands here) or
-    ``grubby`` (RHEL family: :func:`grubby_commands` of ``grubby_info``, once it was read)."""
+    """``{'family', 'route', 'commands', 'diff'}``: how ``param`` reaches every boot of the node.
+    Route ``grub_dropin`` (Debian family: the role's drop-in and update-grub; no commands here) or
+    ``grubby`` (RHEL family: :func:`grubby_commands` of ``grubby_info``, once it was read, and
+    :func:`grubby_diff` of the boot entries they change; before that, none and ``{}``)."""
     family = paths(facts)
     route = family["kernel_param"]
-    commands = grubby_commands(grubby_info, param) if route == "grubby" and grubby_info else []
-    return {"family": family["family"], "route": route, "commands": commands}
+    commands, diff = [], {}
+    if route == "grubby" and grubby_info:
+        commands = grubby_commands(grubby_info, param)
+        diff = grubby_diff(grubby_info, param)
+    return {"family": family["family"], "route": route, "commands": commands, "diff": diff}

@@ -53,6 +53,14 @@ def _verdict(fleet, node):
     return json.loads(f.content_string) if f.exists else None
 
 
+def _clear(fleet, node):
+    """The lab's faults cleared (a repaired machine), and the node's XID history with them: the
+    fatal XIDs these tests inject in turn on one GPU would otherwise hold the node for hardware
+    inspection (an operator's playbooks/clear_gpu_hold.yml: tests/fleet/test_fleet_11_recurrence.py)."""
+    fleet.lab("fault", node, "clear")
+    fleet.sh(node, "rm -f /var/lib/gpufleet/gpu-xid-history.json")
+
+
 def _health_run(fleet, node, label, extra_vars=None):
     return fleet.site(
         "--tags",
@@ -108,7 +116,7 @@ def _inject_and_check(fleet, node, faults):
         run = _health_run(fleet, node, label)
         _assert_kept_out_by(fleet, node, run, faults)
     finally:
-        fleet.lab("fault", node, "clear")
+        _clear(fleet, node)
     _restore(fleet, node, label)
 
 
@@ -169,7 +177,7 @@ def test_a_link_trained_down_and_peermem_unloaded_warn_and_fail_when_judged(flee
             ],
         )
     finally:
-        fleet.lab("fault", node, "clear")
+        _clear(fleet, node)
 
 
 def _validation(fleet, node):
@@ -208,7 +216,7 @@ def test_boot_validation_clears_what_a_reboot_clears_and_keeps_the_rest_out(flee
         pool = fleet.wait_pool(lambda p: p.get(node, {}).get("op_state") != "running")
         assert pool.get(node, {}).get("op_state") != "running", pool
     finally:
-        fleet.lab("fault", node, "clear")
+        _clear(fleet, node)
     fleet.converge(why=f"{node}: after the boot validation faults", nodes=[node])
 
 
@@ -241,6 +249,6 @@ def test_a_fatal_xid_takes_a_serving_node_out_of_rotation(fleet, converged):
         out = " ".join(i["detail"] for i in drift.report["nodes"].get(node, []) if i["kind"] == "out_of_service")
         assert "GPU health check failed" in _flat(out) and "XID 79" in out, drift.table
     finally:
-        fleet.lab("fault", node, "clear")
+        _clear(fleet, node)
     # the XID cleared and the gate's verdict of this boot intact: gpu_health judges it again
     _restore(fleet, node, "fatal XID")

@@ -227,7 +227,7 @@ def agent_verdict(marker_path, boot_id_path, health_path=None, probe_path=None, 
             word = "gate-failed"
         return word, reasons
     if probe_path:
-        record, problem = _probe.read_record(probe_path)
+        record, problem = _read_json_object(probe_path, "serving probe record")
         word, reason = _probe.record_problem(record, problem, boot_id, probe_path, probe_max_age, now)
         if word:
             return word, [reason]

@@ -32,8 +32,8 @@ down       refused, an answer other than 200, or metrics that cannot be read aft
 =========  ===================================================================================
 
 The probe record (:func:`record`, written by the prober, JSON, beside the NCCL gate's marker) and
-its reading (:func:`read_record`, :func:`record_problem`, used by the readiness rule in
-``nccl/_readiness``) live here together. Standard library only besides the optional
+its judgement (:func:`record_problem`, used by the readiness rule in ``nccl/_readiness``, which
+reads the file as it reads the marker) live here together. Standard library only besides the optional
 prometheus_client; no Ansible. Runs on the node's Python 3.9+.
 """
 
@@ -227,24 +227,6 @@ def record(verdict, reason, boot_id, elapsed=None, backend=None, interval=None, 
         "interval_s": interval,
         "timeout_s": timeout,
     }
-
-
-def read_record(path):
-    """``(record, problem)``: the record as a dict and None; None and why it is unusable; None,
-    None when there is no file. A record nested too deep to parse is unusable, not a crash."""
-    try:
-        with open(path) as handle:
-            data = json.load(handle)
-    except FileNotFoundError:
-        return None, None
-    except (OSError, ValueError, RecursionError) as exc:
-        return None, "unreadable serving probe record at %s: %s" % (
-            path,
-            "nested too deep" if isinstance(exc, RecursionError) else exc,
-        )
-    if not isinstance(data, dict):
-        return None, "unreadable serving probe record at %s: not a JSON object" % path
-    return data, None
 
 
 def record_problem(data, problem, boot_id, path, max_age, now=None):

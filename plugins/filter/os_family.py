@@ -33,7 +33,7 @@ def kernel_param_plan(facts, param, grubby_info=""):
 
 
 def os_packages(facts, what, override=None, variable="", advice=""):
-    """``{'family', 'pkg_mgr', 'packages', 'refused'}`` (see module_utils/common/_os_family.py)."""
+    """``{'family', 'pkg_mgr', 'packages', 'refused', 'query'}`` (see module_utils/common/_os_family.py)."""
     if not isinstance(facts, Mapping):
         raise AnsibleFilterError("os_packages: expects the node's ansible_facts, got %s" % type(facts).__name__)
     if what not in _os_family.PACKAGES:
@@ -46,6 +46,27 @@ def os_packages(facts, what, override=None, variable="", advice=""):
     return _os_family.package_plan(dict(facts), what, override, str(variable or ""), str(advice or ""))
 
 
+def os_packages_missing(query, plan):
+    """Whether the packages of an os_packages plan must be installed, from the registered result of
+    running its ``query`` (see module_utils/common/_os_family.py packages_missing)."""
+    if not isinstance(query, Mapping) or not isinstance(plan, Mapping):
+        raise AnsibleFilterError(
+            "os_packages_missing: expects the registered result of the plan's query and the os_packages plan"
+        )
+    if not plan.get("packages"):
+        return False
+    if query.get("skipped"):
+        raise AnsibleFilterError(
+            "os_packages_missing: the plan's query was skipped: run it where the packages are judged"
+        )
+    return _os_family.packages_missing(dict(plan), query.get("rc"), query.get("stdout", ""))
+
+
 class FilterModule:
     def filters(self):
-        return {"kernel_param_plan": kernel_param_plan, "os_family_paths": os_family_paths, "os_packages": os_packages}
+        return {
+            "kernel_param_plan": kernel_param_plan,
+            "os_family_paths": os_family_paths,
+            "os_packages": os_packages,
+            "os_packages_missing": os_packages_missing,
+        }

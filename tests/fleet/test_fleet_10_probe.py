@@ -144,7 +144,7 @@ def test_a_saturated_node_stays_in_rotation(fleet, converged, tmp_path):
                 limit=node,
                 extra_vars=[
                     f"load_test_concurrency={concurrency}",
-                    "load_test_duration=40",
+                    "load_test_duration=25",
                     "load_test_max_tokens=256",
                     "load_test_timeout=120",
                     "load_test_report_only=true",

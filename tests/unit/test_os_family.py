@@ -148,7 +148,14 @@ def test_the_packages_of_each_release_come_from_its_facts(release, what):
             ": set the_var to the package(s) that provide it from a repository the node has, or the_switch=false"
         )
     else:
-        assert plan == {"family": PATHS[release][0], "pkg_mgr": PATHS[release][1], "packages": expected, "refused": ""}
+        query = _os_family.QUERIES[PATHS[release][1]] + expected
+        assert plan == {
+            "family": PATHS[release][0],
+            "pkg_mgr": PATHS[release][1],
+            "packages": expected,
+            "refused": "",
+            "query": query,
+        }
 
 
 def test_rhel_is_told_where_the_packages_are():
@@ -161,7 +168,13 @@ def test_rhel_is_told_where_the_packages_are():
 @pytest.mark.parametrize("override", ["node-exporter", ["node-exporter"]])
 def test_the_operators_package_is_installed_instead(override):
     plan = os_packages(facts("rhel-9"), "node_exporter", override, "monitoring_node_exporter_package")
-    assert plan == {"family": "RedHat", "pkg_mgr": "dnf", "packages": ["node-exporter"], "refused": ""}
+    assert plan == {
+        "family": "RedHat",
+        "pkg_mgr": "dnf",
+        "packages": ["node-exporter"],
+        "refused": "",
+        "query": ["rpm", "--query", "--queryformat=installed\\n", "node-exporter"],
+    }
     debian = os_packages(facts("debian-12"), "prometheus_client", ["python3-prometheus-client", "python3-yaml"])
     assert debian["packages"] == ["python3-prometheus-client", "python3-yaml"]
     # empty (the roles' defaults): the family's
@@ -220,3 +233,63 @@ def test_the_diff_changes_only_the_entries_the_commands_change():
 def test_the_debian_route_and_an_unread_listing_have_no_diff():
     assert kernel_param_plan(facts("debian-12"), PARAM)["diff"] == {}
     assert kernel_param_plan(facts("rhel-9"), PARAM, "")["diff"] == {}
+
+
+# --- only where missing (filter os_packages_missing) ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("release", "argv0"), [("debian-12", "dpkg-query"), ("ubuntu-22.04", "dpkg-query"), ("rhel-9", "rpm")]
+)
+def test_the_plan_carries_the_query_of_its_package_manager(release, argv0):
+    plan = os_packages(facts(release), "pciutils")
+    assert plan["query"][0] == argv0 and plan["query"][-1] == "pciutils"
+
+
+def test_a_refused_plan_has_no_query():
+    assert os_packages(facts("rhel-9"), "node_exporter")["query"] == []
+
+
+@pytest.mark.parametrize(
+    ("rc", "stdout", "missing"),
+    [
+        (0, "installed\ninstalled\n", False),
+        (0, "installed\nconfig-files\n", True),  # removed, its configuration kept
+        (1, "installed\n", True),  # dpkg-query: one name unknown (its error goes to stderr)
+        (1, "installed\npackage b is not installed\n", True),  # rpm
+        (0, "installed\n", True),  # a line short
+        (None, "", True),  # the query could not run
+        (127, "", True),
+    ],
+)
+def test_only_a_query_that_finds_every_package_installed_skips_the_package_manager(rc, stdout, missing):
+    from ansible_collections.gpufleet.node.plugins.filter.os_family import os_packages_missing
+
+    plan = os_packages(facts("debian-12"), "pciutils", ["a", "b"])
+    assert os_packages_missing({"rc": rc, "stdout": stdout}, plan) is missing
+
+
+def test_a_skipped_query_is_refused_and_no_packages_need_none():
+    from ansible.errors import AnsibleFilterError
+
+    from ansible_collections.gpufleet.node.plugins.filter.os_family import os_packages_missing
+
+    plan = os_packages(facts("debian-12"), "pciutils")
+    with pytest.raises(AnsibleFilterError, match="skipped"):
+        os_packages_missing({"skipped": True}, plan)
+    assert os_packages_missing({"skipped": True}, os_packages(facts("rhel-9"), "node_exporter")) is False
+
+
+def test_the_query_reads_this_machines_package_database():
+    """The Debian query against the real dpkg of this machine: an installed package and an unknown one."""
+    import shutil
+    import subprocess
+
+    from ansible_collections.gpufleet.node.plugins.filter.os_family import os_packages_missing
+
+    if not shutil.which("dpkg-query"):
+        pytest.skip("no dpkg-query on this machine")
+    for names, missing in ((["python3"], False), (["python3", "gpufleet-no-such-package"], True)):
+        plan = os_packages(facts("debian-12"), "pciutils", names)
+        done = subprocess.run(plan["query"], capture_output=True, text=True, check=False)
+        assert os_packages_missing({"rc": done.returncode, "stdout": done.stdout}, plan) is missing, done

@@ -18,6 +18,16 @@ FAMILIES = {
     "RedHat": {"pkg_mgr": "dnf", "kernel_param": "grubby", "setpci": "/usr/sbin/setpci"},
 }
 
+#: The command (argv, the package names follow) that prints one line ``installed`` for each
+#: installed package named, in order, by package manager: dpkg's status field (``${db:Status-Status}``:
+#: installed, config-files, not-installed, ...; an unknown name exits 1) and rpm's query format (a
+#: missing package prints "package NAME is not installed" and exits 1). Running it costs a fraction
+#: of a package-manager run (apt's module opens the whole cache: about 3.5 s of CPU a task).
+QUERIES = {
+    "apt": ["dpkg-query", "--show", "--showformat=${db:Status-Status}\\n"],
+    "dnf": ["rpm", "--query", "--queryformat=installed\\n"],
+}
+
 
 class UnsupportedFamily(ValueError):
     """The node's OS family is none the collection has a path for."""
@@ -71,7 +81,7 @@ def _system(facts):
 
 
 def package_plan(facts, what, override=None, variable="", advice=""):
-    """``{'family', 'pkg_mgr', 'packages', 'refused'}``: the packages that install ``what`` (a key of
+    """``{'family', 'pkg_mgr', 'packages', 'refused', 'query'}``: the packages that install ``what`` (a key of
     :data:`PACKAGES`) on the node, with the package manager of its OS family. ``override`` (the
     role's variable ``variable``: a name or a list of names), when given, is installed instead of
     the table's. ``refused`` is '' or why nothing can be installed (a family without the package in
@@ -86,14 +96,16 @@ def package_plan(facts, what, override=None, variable="", advice=""):
             "family": family or "",
             "pkg_mgr": "",
             "packages": [],
+            "query": [],
             "refused": "%s is not a system the collection installs %s on: it supports the %s families"
             % (_system(facts), what, " and ".join(sorted(FAMILIES))),
         }
-    plan = {"family": family, "pkg_mgr": FAMILIES[family]["pkg_mgr"], "packages": [], "refused": ""}
+    plan = {"family": family, "pkg_mgr": FAMILIES[family]["pkg_mgr"], "packages": [], "refused": "", "query": []}
     if isinstance(override, str):
         override = [override] if override else []
     if override:
         plan["packages"] = [str(name) for name in override]
+        plan["query"] = QUERIES[plan["pkg_mgr"]] + plan["packages"]
         return plan
     names, elsewhere = table[family]
     if names is None:
@@ -109,7 +121,19 @@ def package_plan(facts, what, override=None, variable="", advice=""):
         )
         return plan
     plan["packages"] = list(names)
+    plan["query"] = QUERIES[plan["pkg_mgr"]] + plan["packages"]
     return plan
+
+
+def packages_missing(plan, rc, stdout):
+    """True unless the plan's ``query`` (run on the node: exit status ``rc``, standard output
+    ``stdout``) says every one of its packages is installed: one ``installed`` line per package and
+    exit status 0. A query that could not run (no such command: rc None or 127) says nothing is
+    installed, so the package manager runs and reports what is wrong."""
+    if not plan.get("packages"):
+        return False
+    lines = [line.strip() for line in str(stdout or "").splitlines() if line.strip()]
+    return rc != 0 or lines != ["installed"] * len(plan["packages"])
 
 
 def package_manager(facts):

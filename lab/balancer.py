@@ -10,6 +10,14 @@ port when another lab holds it), scraped by the lab's Prometheus (lab/prometheus
 
 The lab speaks the runtime API with its own client and pool reader (lab/haproxy.py), never with
 the collection's: the pool it reads is what the lab judges the collection's work by.
+
+Next to HAProxy runs the pool's decider (role pool_decider's gpufleet-pool-decider) as a plain
+daemon, where site.yml installed it: the lab's balancer host has no systemd, so the inventory's
+lab-balancer gives the role ``pool_decider_service: none``, the paths under
+``<state>/pool-decider/`` and a restart command (``lab balancer restart-decider``), which the role
+runs when the decider's files changed. It starts and stops with HAProxy; its log is
+``<state>/pool-decider/decider.log``. The session's lab runs without it (``gpufleet_pool_budget:
+false`` on lab-balancer: two serving nodes, a budget of none); a test turns it on with extra vars.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -70,6 +79,9 @@ backend {backend}
 
 # Where role monitoring expects HAProxy's exporter (monitoring_haproxy_exporter_port).
 EXPORTER_PORT = 8405
+# The pool decider's metrics (gpufleet_pool_decider_port): this port where free, else any.
+DECIDER_PORT = 9778
+DECIDER_DIR = "pool-decider"
 
 
 def free_port(preferred=0):
@@ -100,8 +112,98 @@ class Balancer:
             "frontend_port": free_port(),
             "stats_port": free_port(),
             "exporter_port": free_port(EXPORTER_PORT),
+            "decider_port": free_port(DECIDER_PORT),
+            "decider_dir": str(state / DECIDER_DIR),
             "address": "127.0.0.1",
         }
+
+    # --- the pool's decider, where site.yml installed it ------------------------------------------
+    def decider_paths(self):
+        """Where the lab's inventory tells role pool_decider to put the decider (lib, config, state),
+        and the lab's own files of the daemon (PID file, log)."""
+        base = Path(self.spec.get("decider_dir") or self.config.parent / DECIDER_DIR)
+        return {
+            "dir": base,
+            "lib": base / "lib",
+            "bin": base / "lib" / "gpufleet_pool_decider.py",
+            "config": base / "config.json",
+            "state": base / "state.json",
+            "pidfile": base / "decider.pid",
+            "log": base / "decider.log",
+        }
+
+    def decider_pid(self):
+        paths = self.decider_paths()
+        try:
+            pid = int(paths["pidfile"].read_text().split()[0])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().split(b"\0")
+            with open(f"/proc/{pid}/stat") as f:
+                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except (FileNotFoundError, ValueError, IndexError, ProcessLookupError):
+            return None
+        return pid if str(paths["bin"]).encode() in cmdline and not zombie else None
+
+    def start_decider(self, timeout=20.0):
+        """Start the decider if site.yml installed it (its config is there); returns whether it
+        runs. Waits until it serves its metrics (it has read its config and its state)."""
+        paths = self.decider_paths()
+        if not paths["config"].exists() or not paths["bin"].exists():
+            return False
+        if self.decider_pid():
+            raise LabError(f"the lab's pool decider is already running (PID {self.decider_pid()})")
+        procs_file = str(self.fleet.cgroup / "balancer" / "cgroup.procs")
+        (self.fleet.cgroup / "balancer").mkdir(parents=True, exist_ok=True)
+
+        def join_cgroup():  # so that `down` finds it even if the PID file is lost
+            with open(procs_file, "w") as f:
+                f.write("0\n")
+
+        with open(paths["log"], "a") as log:
+            proc = subprocess.Popen(
+                [sys.executable, str(paths["bin"]), "--config", str(paths["config"])],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd="/",
+                start_new_session=True,
+                preexec_fn=join_cgroup,
+            )
+        paths["pidfile"].write_text(f"{proc.pid}\n")
+        port = self.spec.get("decider_port", DECIDER_PORT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                tail = paths["log"].read_text()[-2000:]
+                raise LabError(f"the lab's pool decider exited ({proc.returncode}); {paths['log']}:\n{tail}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return True
+            except OSError:
+                time.sleep(0.1)
+        raise LabError(f"the lab's pool decider started but serves no metrics on 127.0.0.1:{port}; see {paths['log']}")
+
+    def stop_decider(self, timeout=10.0):
+        pid = self.decider_pid()
+        if pid:
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while self.decider_pid() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if self.decider_pid():
+                os.kill(pid, signal.SIGKILL)
+        self.decider_paths()["pidfile"].unlink(missing_ok=True)
+
+    def restart_decider(self):
+        self.stop_decider()
+        if not self.start_decider():
+            raise LabError(
+                f"no pool decider installed under {self.decider_paths()['dir']}: run site.yml with "
+                "gpufleet_pool_budget=true first"
+            )
+
+    def decider_state(self):
+        return "running" if self.decider_pid() else "stopped"
 
     def write_config(self):
         self.config.write_text(
@@ -160,13 +262,16 @@ class Balancer:
             if self.pid() and self.socket.exists():
                 try:
                     self.command("show info")
-                    return
                 except haproxy.HAProxyError:
                     pass
+                else:
+                    self.start_decider()
+                    return
             time.sleep(0.05)
         raise LabError(f"HAProxy started but its runtime socket {self.socket} does not answer")
 
     def stop(self, timeout=10.0):
+        self.stop_decider(timeout)
         pid = self.pid()
         if pid:
             os.kill(pid, signal.SIGTERM)

@@ -80,8 +80,11 @@ def parser():
     st.add_argument("node")
     sa = sub.add_parser("start", help="power a stopped node on")
     sa.add_argument("node")
-    bal = sub.add_parser("balancer", help="stop, start or restart the lab's HAProxy")
-    bal.add_argument("action", choices=("stop", "start", "restart"))
+    bal = sub.add_parser(
+        "balancer",
+        help="stop, start or restart the lab's HAProxy (and the pool's decider with it), or the decider alone",
+    )
+    bal.add_argument("action", choices=("stop", "start", "restart", "restart-decider"))
     status = sub.add_parser("status", help="nodes and balancer")
     status.add_argument("--json", action="store_true", help="machine-readable")
     inv = sub.add_parser(

@@ -32,7 +32,7 @@ from pathlib import Path
 import lab.hwmodel as hw
 
 from . import llamacpp, preflight, prometheus, rootfs, wheelhouse
-from .balancer import Balancer
+from .balancer import DECIDER_PORT, Balancer
 from .machine import HW_IN_NODE, SSH_PORT, Machine, cgroup_pids, remove_cgroup, ssh_keygen
 from .preflight import LabError
 from .private import write_private
@@ -63,6 +63,7 @@ MADE += (VAULT_PASSWORD, SECRETS, "group_vars")
 #: GGUF quantization of the same model).
 LAB_MODEL = "Llama-3.3-70B-Instruct-FP8"
 MADE += ("models",)  # the tiny GGUF model the heterogeneous node serves (lab/llamacpp.py)
+MADE += ("pool-decider",)  # the pool's decider where site.yml installed it (lab/balancer.py)
 
 
 def _describe_pids(pids, limit=8):
@@ -418,6 +419,10 @@ class Fleet:
             bal = self.balancer()
             if not bal:
                 raise LabError(f"no lab at {self.state}: run `python -m lab up` first")
+            if action == "restart-decider":  # role pool_decider's restart command (its files changed)
+                bal.restart_decider()
+                log(f"lab balancer: pool decider {bal.decider_state()}")
+                return
             if action in ("stop", "restart"):
                 bal.stop()
             if action in ("start", "restart"):
@@ -466,6 +471,7 @@ class Fleet:
                 "stats": f"http://{b['address']}:{b['stats_port']}/",
                 "state": bal.state(),
                 "pid": bal.pid(),
+                "pool_decider": bal.decider_state(),
             },
             "prometheus": self.prometheus(data).status() if data.get("prometheus") else None,
         }
@@ -545,6 +551,7 @@ class Fleet:
                                 "lab_haproxy_frontend": f"{b['address']}:{b['frontend_port']}",
                                 # where role monitoring's Prometheus scrapes HAProxy's exporter
                                 "ansible_host": b["address"],
+                                **self._decider_vars(b),
                             }
                         },
                     },
@@ -556,6 +563,40 @@ class Fleet:
                     ),
                 }
             }
+        }
+
+    def _decider_vars(self, b):
+        """The lab-balancer's variables of role pool_decider: the host runs no systemd, so the
+        decider is a plain daemon next to HAProxy (lab/balancer.py), under the state directory,
+        (re)started by `lab balancer restart-decider` when the role changed its files. The
+        session's lab runs without a budget (two serving nodes: a budget of none would hold every
+        fault); a test turns it on with `-e gpufleet_pool_budget=true`."""
+        paths = Balancer(self, b).decider_paths()
+        launcher = (
+            f"import sys; sys.path.insert(0, {str(REPO)!r}); from lab.cli import main; sys.exit(main(sys.argv[1:]))"
+        )
+        return {
+            "gpufleet_pool_budget": False,
+            "gpufleet_pool_decider_port": b.get("decider_port", DECIDER_PORT),
+            # the lab's HAProxy (the nodes' lb_registration_socket and _backend)
+            "pool_decider_socket": b["socket"],
+            "pool_decider_backend": b["backend"],
+            "pool_decider_service": "none",
+            "pool_decider_install_packages": False,
+            "pool_decider_python": "{{ ansible_playbook_python }}",
+            "pool_decider_lib_dir": str(paths["lib"]),
+            "pool_decider_config_file": str(paths["config"]),
+            "pool_decider_state_file": str(paths["state"]),
+            "pool_decider_metrics_address": b["address"],
+            "pool_decider_restart_command": [
+                "{{ ansible_playbook_python }}",
+                "-c",
+                launcher,
+                "balancer",
+                "restart-decider",
+                "--state-dir",
+                str(self.state),
+            ],
         }
 
     @property

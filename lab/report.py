@@ -1,6 +1,10 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""The fleet report: per node, what the playbooks left (gate verdict, pool membership) against
-what a correct run must leave (`expect_registered` of its profile)."""
+"""The fleet report: per node, what the playbooks left (gate verdict, pool state) against what a
+correct run must leave (`expect_registered` of its profile). A node is registered when its server
+is in rotation: admin state ready and UP through its health and agent checks. A drained one (POOL
+`drain`) is out of rotation but still known to the balancer, as the collection leaves a node that
+may not take traffic; after a restart of HAProxy such a server is back from the config file ready
+but DOWN (its checks fail), out of rotation too."""
 
 from __future__ import annotations
 
@@ -56,7 +60,7 @@ def gather(fleet, settle=6.0):
         held = bool(health) and health.get("passed") is False and health.get("action") == HOLD
         expected = m.spec["expect_registered"] and not faults and not held
         server = pool.get(name)
-        registered = server is not None and server["state"] == "ready"
+        registered = server is not None and server["state"] == "ready" and server["op_state"] == "running"
         gate = "no marker" if not marker else ("passed" if marker.get("passed") else "FAILED")
         if marker and marker.get("boot_id") != m.boot_id():
             gate += " (old boot)"

@@ -15,6 +15,8 @@ import time
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _textfile
+
 ARGUMENT_SPEC = {
     "state": {"type": "str", "choices": ["started", "reported"], "required": True},
     "dir": {"type": "path", "required": True},
@@ -69,33 +71,32 @@ def table(nodes):
 def prometheus(nodes, drifted, timestamp):
     """The textfile metrics (node_exporter's textfile collector)."""
     hosts = sorted(nodes)
-    lines = [
-        "# HELP gpufleet_drift_items What drifted on the node: check-mode changes, failures, no answer.",
-        "# TYPE gpufleet_drift_items gauge",
-    ]
-    lines += [
-        f'gpufleet_drift_items{{node="{h}"}} {sum(1 for i in nodes[h] if i.get("kind") != NOT_DRIFT)}' for h in hosts
-    ]
-    lines += [
-        "# HELP gpufleet_drift_detected 1 when anything drifted on the node.",
-        "# TYPE gpufleet_drift_detected gauge",
-    ]
-    lines += [f'gpufleet_drift_detected{{node="{h}"}} {1 if h in drifted else 0}' for h in hosts]
-    lines += [
-        "# HELP gpufleet_node_out_of_service 1 when the node is out of service for a reason recorded in this "
-        "boot (a failed gate).",
-        "# TYPE gpufleet_node_out_of_service gauge",
-    ]
-    lines += [
-        f'gpufleet_node_out_of_service{{node="{h}"}} {1 if any(i.get("kind") == NOT_DRIFT for i in nodes[h]) else 0}'
-        for h in hosts
-    ]
-    lines += [
-        "# HELP gpufleet_drift_last_run_timestamp_seconds When the drift check ran.",
-        "# TYPE gpufleet_drift_last_run_timestamp_seconds gauge",
-        f"gpufleet_drift_last_run_timestamp_seconds {int(timestamp)}",
-    ]
-    return "\n".join(lines) + "\n"
+    out = _textfile.Exposition()
+    out.metric(
+        "gpufleet_drift_items",
+        "gauge",
+        "What drifted on the node: check-mode changes, failures, no answer.",
+        [({"node": h}, sum(1 for i in nodes[h] if i.get("kind") != NOT_DRIFT)) for h in hosts],
+    )
+    out.metric(
+        "gpufleet_drift_detected",
+        "gauge",
+        "1 when anything drifted on the node.",
+        [({"node": h}, 1 if h in drifted else 0) for h in hosts],
+    )
+    out.metric(
+        "gpufleet_node_out_of_service",
+        "gauge",
+        "1 when the node is out of service for a reason recorded in this boot (a failed gate).",
+        [({"node": h}, 1 if any(i.get("kind") == NOT_DRIFT for i in nodes[h]) else 0) for h in hosts],
+    )
+    out.metric(
+        "gpufleet_drift_last_run_timestamp_seconds",
+        "gauge",
+        "When the drift check ran.",
+        [({}, int(timestamp))],
+    )
+    return out.text()
 
 
 def write_file(path, text, mode=0o644):

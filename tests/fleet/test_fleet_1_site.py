@@ -37,7 +37,9 @@ def test_first_run_registers_the_healthy_nodes_only(fleet, first_run):
         assert fleet.first_config.get(node) == f"{fleet.nodes[node]['address']}:8000", fleet.first_config
     for node in fleet.refused:
         assert first_run.recap[node]["failed"] >= 1, first_run.explain()
-        assert node not in fleet.first_pool and node not in fleet.first_config
+        # out of rotation but known to the balancer (added drained): its boot validation returns it
+        assert fleet.first_pool.get(node, {}).get("state") == "drain", fleet.first_pool
+        assert fleet.first_config.get(node) == f"{fleet.nodes[node]['address']}:8000", fleet.first_config
     # a node failed, so the run as a whole fails
     assert first_run.rc != 0 if fleet.refused else first_run.rc == 0, first_run.explain()
 
@@ -56,8 +58,10 @@ def test_first_run_says_why_the_degraded_node_is_refused(fleet, first_run, node)
 
 def test_second_run_changes_nothing(fleet, converged):
     run = fleet.site(label="site.yml (second run)")
-    # the nodes, and the lab's Prometheus (playbooks/monitoring.yml, which site.yml imports)
-    assert set(run.recap) == set(fleet.nodes) | {prometheus.HOST}, run.explain()
+    # the nodes, the lab's balancer (the pool budget's play; the budget is off in this lab) and the
+    # lab's Prometheus (playbooks/monitoring.yml, which site.yml imports)
+    assert set(run.recap) == set(fleet.nodes) | {"lab-balancer", prometheus.HOST}, run.explain()
+    assert fleet.recap_ok(run, "lab-balancer"), run.explain()
     assert fleet.recap_ok(run, prometheus.HOST), run.explain()
     changed = {h: r["changed"] for h, r in run.recap.items() if r["changed"]}
     assert not changed, f"changed on a second run: {changed}\n{run.explain()}"
@@ -67,7 +71,8 @@ def test_second_run_changes_nothing(fleet, converged):
         # still out: the gate's verdict holds for this boot, nothing is measured again
         flat = re.sub(r"\s+", " ", "\n".join(run.host_failures(node)))
         assert "the NCCL gate failed earlier in this boot" in flat.lower() or "failed in this boot" in flat, flat
-    assert set(fleet.pool()) == set(fleet.healthy)
+        fleet.assert_drained(node)
+    assert fleet.ready() == set(fleet.healthy)
     secrets = fleet.secrets.values()
     for output in (fleet.first_run.output, run.output):
         assert not [s for s in secrets if s in output], "a vaulted secret in the output of site.yml"
@@ -149,8 +154,8 @@ def test_drift_is_clean_after_site(fleet, converged):
         assert kinds == {"out_of_service"}, report["nodes"][node]
         assert f'gpufleet_drift_detected{{node="{node}"}} 0' in drift.prom
         assert f'gpufleet_node_out_of_service{{node="{node}"}} 1' in drift.prom
-    # the check looked only: nobody was deregistered
-    assert set(fleet.pool()) == set(fleet.healthy)
+    # the check looked only: nobody was drained or returned
+    assert fleet.ready() == set(fleet.healthy) and set(fleet.pool()) == set(fleet.nodes)
 
 
 def test_drift_of_one_node_with_limit_writes_a_report(fleet, converged):

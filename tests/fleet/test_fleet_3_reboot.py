@@ -70,14 +70,14 @@ def _drift(fleet, node, label):
 
 
 def _assert_others_unchanged(fleet, node):
-    """The other nodes kept their place: healthy ones in the pool and ready, refused ones out."""
+    """The other nodes kept their place: healthy ones in the pool and ready, refused ones drained."""
     pool = fleet.pool()
     for other in fleet.healthy:
         if other != node:
             assert pool.get(other, {}).get("state") == "ready", pool
     for other in fleet.refused:
         if other != node:
-            assert other not in pool, pool
+            assert pool.get(other, {}).get("state") == "drain", pool
 
 
 def _journal(fleet, node, unit):
@@ -238,7 +238,7 @@ def test_a_node_whose_validation_fails_at_boot_stays_out(fleet, first_run):
     marker = json.loads(host.file(MARKER).content_string)
     assert marker["boot_id"] == boot and marker["passed"] is False, marker
     assert fleet.unit_state(node, "vllm.service")["ActiveState"] == "inactive"
-    assert node not in fleet.pool() and node not in fleet.config_servers()
+    fleet.assert_drained(node)
 
     drift = _drift(fleet, node, "after the refused node's reboot")
     assert {i["kind"] for i in drift.report["nodes"][node]} == {"out_of_service"}, drift.table

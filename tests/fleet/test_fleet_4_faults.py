@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Faults: a configuration the planner refuses, HAProxy down during registration, a node lost
-mid-play, a gate that hangs, an acceptance load test that fails.  Each ends with the node out of
-the pool, the others untouched; where only the pool changed, registration alone (`site.yml --tags
+mid-play, a gate that hangs, an acceptance load test that fails, a fatal XID.  Each ends with the
+node out of rotation (drained, still known to the balancer), the others untouched; where only the pool changed, registration alone (`site.yml --tags
 lb_registration`, fleet.restore) puts the node back, else the next converge runs site.yml."""
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ pytestmark = pytest.mark.slow
 
 MARKER = "/run/gpufleet/nccl-gate.json"
 VLLM_FILES = "/etc/vllm/config.yaml /etc/vllm/secrets.env /etc/systemd/system/vllm.service"
+XID_HISTORY = "/var/lib/gpufleet/gpu-xid-history.json"
+AGENT_REQUEST = "/run/gpufleet/lb-agent-request.json"
 
 
 def _flat(run, node):
@@ -46,7 +48,7 @@ def _ready(fleet, node, registered=True):
         else f"marker of boot {data.get('boot_id')}, not {boot_id}"
         if data.get("boot_id") != boot_id
         else "not in the pool"
-        if registered and node not in fleet.pool()
+        if registered and node not in fleet.ready()
         else None
     )
     if why:
@@ -73,8 +75,8 @@ def test_a_config_the_planner_refuses_leaves_the_host_untouched(fleet, first_run
     assert "weights alone exceed the budget" in failures, failures
     assert f"{node} is out of the pool" in failures, failures
     assert _snapshot(fleet, node) == before, "the refused run changed the node's server"
-    # a node that fails any step ends unregistered (site.yml's rescue)
-    assert node not in fleet.pool() and node not in fleet.config_servers()
+    # a node that fails any step ends drained (site.yml's rescue), still known to the balancer
+    fleet.assert_drained(node)
     # nothing but the pool changed: registration alone puts it back (else converge runs site.yml)
     fleet.restore(node, "lb_registration", f"site.yml --limit {node} --tags lb_registration (after the refusal)")
 
@@ -146,8 +148,9 @@ def test_a_node_lost_mid_play_does_not_stop_the_others(fleet, converged):
                 assert fleet.recap_ok(run, node), run.explain()
         assert run.rc != 0
         pool = fleet.pool()
-        assert all(n in pool for n in fleet.healthy if n != victim), pool
-        assert victim not in pool or victim in fleet.healthy
+        assert all(n in fleet.ready(pool) for n in fleet.healthy if n != victim), pool
+        # out of rotation: drained, or (after a balancer restart, from the config file) ready but DOWN
+        assert pool.get(victim, {}).get("op_state") != "running" or victim in fleet.healthy, pool
     finally:
         fleet.lab("start", victim)
     if victim in fleet.refused:
@@ -155,7 +158,11 @@ def test_a_node_lost_mid_play_does_not_stop_the_others(fleet, converged):
         marker = json.loads(fleet.host(victim).file(MARKER).content_string)
         assert marker["boot_id"] == fleet.nodes[victim]["boot_id"] and marker["passed"] is False, marker
         assert fleet.unit_state(victim, "gpufleet-validate.service")["ActiveState"] == "failed"
-        assert victim not in fleet.pool() and victim not in fleet.config_servers()
+        # known to the balancer and out of rotation: drained, or, where an earlier test restarted
+        # HAProxy (its config file cannot say drain), READY but DOWN by its agent's `down`
+        server = fleet.pool().get(victim)
+        assert server is not None and (server["state"] == "drain" or server["op_state"] != "running"), server
+        assert victim in fleet.config_servers(), fleet.config_servers()
         fleet.restored(victim)
 
 
@@ -182,7 +189,7 @@ def test_a_hanging_gate_times_out_and_the_node_stays_out(fleet, first_run):
     marker = json.loads(host.file(MARKER).content_string)
     assert marker["passed"] is False and marker["kind"] == "timeout", marker
     assert marker["boot_id"] == fleet.nodes[node]["boot_id"]
-    assert node not in fleet.pool() and node not in fleet.config_servers()
+    fleet.assert_drained(node)
     assert host.run("pgrep -f all_reduce_perf").rc == 1, "the hung all_reduce_perf survived the timeout"
 
 
@@ -212,7 +219,7 @@ def test_acceptance_load_test_keeps_a_slow_node_out(fleet, first_run):
         r"^TASK \[Acceptance load test\].*?\n(?=\S)(.*?)(?=^TASK |^PLAY RECAP)", passing.output, re.M | re.S
     )
     assert step and re.search(rf"^ok: \[{node}(?: -> [^\]]+)?\]", step[1], re.M), passing.explain()
-    assert node in fleet.pool()
+    assert node in fleet.ready()
 
     failing = fleet.site(
         "--tags",
@@ -230,5 +237,46 @@ def test_acceptance_load_test_keeps_a_slow_node_out(fleet, first_run):
     assert re.search(
         r"Acceptance load test: load test of http://\S+ failed: TTFT p95 [0-9.]+ s above 0.001 s", failures
     ), failures
-    assert node not in fleet.pool() and node not in fleet.config_servers()
+    fleet.assert_drained(node)
     fleet.restore(node, "lb_registration", f"site.yml --limit {node} --tags lb_registration (after the load test)")
+
+
+def test_a_node_drained_by_a_failing_site_run_returns_by_itself_after_a_reboot(fleet, first_run):
+    """A fatal XID on a serving vLLM node: site.yml --limit fails at GPU health and leaves the node
+    drained in the pool, runtime and config file (a node taken out is not forgotten). The fault
+    cleared and the node rebooted, its own boot validation passes and returns it to rotation, with
+    no other playbook run. One occurrence of the XID: the node's history holds no recurrence."""
+    node = [n for n in fleet.healthy if fleet.nodes[n]["profile"] == "l40s-4x-switch"][-1]
+    _ready(fleet, node)
+    fleet.changed(node)
+    # no XID of an earlier test on record: this one is its only occurrence
+    fleet.sh(node, f"rm -f {XID_HISTORY}")
+    try:
+        fleet.lab("fault", node, "xid", "79", "--gpu", "0")
+        run = fleet.site(limit=node, label=f"site.yml --limit {node} (fatal XID 79)")
+        assert run.rc != 0 and run.recap[node]["failed"] == 1, run.explain()
+        failures = _flat(run, node)
+        assert "GPU health check failed" in failures and "XID 79" in failures, failures
+        assert f"{node} is out of the pool" in failures, failures
+        fleet.assert_drained(node)
+
+        fleet.lab("fault", node, "clear")
+        history = json.loads(fleet.host(node).file(XID_HISTORY).content_string)
+        assert [e["code"] for e in history["events"]] == [79] and history["holds"] == [], history
+        fleet.reboot(node)
+        validation = fleet.unit_state(node, "gpufleet-validate.service")
+        assert validation["Result"] == "success", validation
+        # the agent asked for `ready` (the hold of lb_registration_ready_hold), HAProxy lifted the
+        # drain: in rotation, UP through its health and agent checks
+        pool = fleet.wait_pool(
+            lambda p: p.get(node, {}).get("state") == "ready" and p[node]["op_state"] == "running", timeout=120
+        )
+        assert pool.get(node, {}).get("state") == "ready" and pool[node]["op_state"] == "running", pool
+        assert fleet.config_servers().get(node) == f"{fleet.nodes[node]['address']}:8000"
+        request = json.loads(fleet.host(node).file(AGENT_REQUEST).content_string)
+        assert request["state"] == "ready" and request["reason"] == "validated", request
+        fleet.restored(node)  # measured, serving and in rotation in this boot: as site.yml leaves it
+    finally:
+        fleet.lab("fault", node, "clear")
+        # the next test's XID on this node must not count as a recurrence of this one
+        fleet.sh(node, f"rm -f {XID_HISTORY}")

@@ -91,7 +91,7 @@ def _assert_kept_out_by(fleet, node, run, faults):
         if action:
             assert f"-> action: {action}" in failures, (check, failures)
         assert check in failed, (check, verdict)
-    assert node not in fleet.pool() and node not in fleet.config_servers()
+    fleet.assert_drained(node)
     assert fleet.agent(node) == "down #gpu-health-failed"  # one word: the details stay on the node
 
 
@@ -153,7 +153,8 @@ def test_a_link_trained_down_and_peermem_unloaded_warn_and_fail_when_judged(flee
         failures = _flat("\n".join(run.host_failures(node)))
         assert run.rc != 0 and "NCCL gate failed" in failures and "trained to x8 of x16" in failures, failures
         assert "GPU health check failed" not in failures, failures
-        assert f"{node} is out of the pool" in failures and node not in fleet.pool()
+        assert f"{node} is out of the pool" in failures, failures
+        fleet.assert_drained(node)
         verdict = _verdict(fleet, node)
         assert verdict["passed"] is True and verdict["boot_id"] == fleet.nodes[node]["boot_id"], verdict
         warned = {w["name"]: w for w in verdict["warnings"]}

@@ -16,7 +16,8 @@ Two playbook runs: site.yml --tags gpu_health on node1, and validate.yml on the 
 once, node3 rebooted after its faults went in: the XID and SXid of the old boot, the pending remap
 (now applied), the volatile ECC count, the stopped fabric manager and the unloaded peermem are
 gone, and the hardware faults (NVLink down, HW slowdown, AER, the link trained down) still keep
-it out.  Before each run the nodes are put in the balancer, so that "out" can fail.
+it out.  Before each run the nodes are put in the balancer, in rotation, so that "out" (drained,
+its line kept in the config file: a node taken out is not forgotten) can fail.
 """
 
 from __future__ import annotations
@@ -120,19 +121,23 @@ class HealthLab(Lab):
         for node in nodes:
             if node not in haproxy.pool(sock, BACKEND):
                 haproxy.add_server(sock, BACKEND, node, self.spec(node)["address"], 8000)
+            else:  # drained by an earlier run: in rotation again
+                haproxy.run(sock, f"set server {BACKEND}/{node} state ready")
             config.write_text(
                 haproxy.config_with_server(config.read_text(), BACKEND, node, self.spec(node)["address"], 8000)
             )
-        assert set(nodes) <= set(haproxy.pool(sock, BACKEND)), haproxy.pool(sock, BACKEND)
+        pool = haproxy.pool(sock, BACKEND)
+        assert all(pool.get(node, {}).get("state") == "ready" for node in nodes), pool
 
     def balancer_state(self):
         """(the backend's servers at runtime, the config file's text): what `out` is judged on."""
-        return set(haproxy.pool(self.socket(), BACKEND)), self.config().read_text()
+        return haproxy.pool(self.socket(), BACKEND), self.config().read_text()
 
     def assert_out(self, node, state=None):
+        """Out of rotation, not forgotten: drained at runtime, its line kept in the config file."""
         servers, config = state or self.balancer_state()
-        assert node not in servers, servers
-        assert not re.search(rf"^\s+server\s+{node}\s", config, re.M), config
+        assert servers.get(node, {}).get("state") == "drain", servers
+        assert re.search(rf"^\s+server\s+{node}\s", config, re.M), config
 
     def verdict(self, node):
         return json.loads(self.ssh(node, f"cat {VERDICT}"))

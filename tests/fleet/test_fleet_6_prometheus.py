@@ -103,7 +103,7 @@ def test_prometheus_sees_the_converged_fleet(converged):
         text=True,
         check=False,
     )
-    assert check.returncode == 0 and "SUCCESS: 17 rules found" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and "SUCCESS: 19 rules found" in check.stdout, check.stdout + check.stderr
 
     def scrape_targets(doc):
         return {
@@ -117,7 +117,7 @@ def test_prometheus_sees_the_converged_fleet(converged):
     assert loaded["rule_files"] == written["rule_files"] == [prom["rules"]]
     role_rules = {r["alert"]: r for g in yaml.safe_load(Path(prom["rules"]).read_text())["groups"] for r in g["rules"]}
     running = {r["name"]: r for g in prometheus_api(url, "rules")["groups"] for r in g["rules"]}
-    assert set(running) == set(role_rules) and len(running) == 17, running.keys()
+    assert set(running) == set(role_rules) and len(running) == 19, running.keys()
     assert running[GATE_ALERT]["duration"] == 5 and role_rules[GATE_ALERT]["for"] == "5s"
     # every serving node is scraped at its own server's port, the port the balancer sends it traffic on
     pool = {name: f"{s['address']}:{s['port']}" for name, s in fleet.pool().items()}

@@ -428,6 +428,19 @@ class Lab:
         servers = haproxy.config_servers(Path(self.balancer["config"]).read_text(), BACKEND)
         return {name: address for name, address in servers.items() if name not in self.session_only()}
 
+    def ready(self, pool=None):
+        """Names of the pool's servers in rotation (admin state ready); a drained one is known to
+        the balancer but out of rotation."""
+        return {name for name, server in (self.pool() if pool is None else pool).items() if server["state"] == "ready"}
+
+    def assert_drained(self, node, pool=None):
+        """node is out of rotation but not forgotten: drained in HAProxy's runtime, its line kept in
+        the config file HAProxy restarts from (AssertionError otherwise)."""
+        server = (self.pool() if pool is None else pool).get(node)
+        assert server is not None and server["state"] == "drain", f"{node} is not drained in the pool: {server}"
+        config = self.config_servers()
+        assert config.get(node) == f"{self.nodes[node]['address']}:8000", f"{node} not in the config file: {config}"
+
     def deregister(self, node):
         """Take node out of the pool behind the playbooks' back (test set-up only)."""
         sock = self.balancer["runtime_socket"]

@@ -90,7 +90,7 @@ def test_scrape_config_for_the_lab_inventory(ansible_env, setup):
     config = out / "prometheus.yml"
     check = subprocess.run([PROMTOOL, "check", "config", str(config)], capture_output=True, text=True, check=False)
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 17 rules found" in check.stdout
+    assert "SUCCESS: 19 rules found" in check.stdout
 
     doc = yaml.safe_load(config.read_text())
     assert doc["rule_files"] == [str(out / "rules.d" / "gpufleet.rules.yml")]
@@ -106,10 +106,34 @@ def test_scrape_config_for_the_lab_inventory(ansible_env, setup):
         "10.77.0.13:8000": {"node": "node-3"},
     }
     assert targets("gpufleet_haproxy") == {"10.77.0.2:8405": {"balancer": "lb"}}
+    # the pool's decider (role pool_decider) on the balancer: gpufleet_pool_budget is on by default
+    assert targets("gpufleet_pool_decider") == {"10.77.0.2:9778": {"balancer": "lb"}}
     assert jobs["gpufleet_drift"]["honor_labels"] is True
 
     again = play(ansible_env, tmp_path, extra)
     assert again.returncode == 0 and again.host("prom")["changed"] == 0, again.explain()
+
+
+def test_the_pool_decider_is_scraped_where_the_balancer_runs_one(ansible_env, setup):
+    """A balancer with gpufleet_pool_budget false runs no decider: not scraped (its `up == 0` would
+    page); another balancer's own gpufleet_pool_decider_port is where its decider listens."""
+    tmp_path, out, extra = setup
+    inventory = yaml.safe_load((tmp_path / "hosts.yml").read_text())
+    inventory["all"]["children"]["balancer"]["hosts"] = {
+        "lb": {"ansible_host": "10.77.0.2", "gpufleet_pool_budget": False},
+        "lb2": {"ansible_host": "10.77.0.3", "gpufleet_pool_decider_port": 19778},
+    }
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    proc = play(ansible_env, tmp_path, extra)
+    assert proc.returncode == 0, proc.explain()
+    jobs = {j["job_name"]: j for j in yaml.safe_load((out / "prometheus.yml").read_text())["scrape_configs"]}
+    assert [c["targets"] for c in jobs["gpufleet_pool_decider"]["static_configs"]] == [["10.77.0.3:19778"]]
+    inventory["all"]["children"]["balancer"]["hosts"]["lb2"]["gpufleet_pool_budget"] = False
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    proc = play(ansible_env, tmp_path, extra)
+    assert proc.returncode == 0, proc.explain()
+    jobs = {j["job_name"] for j in yaml.safe_load((out / "prometheus.yml").read_text())["scrape_configs"]}
+    assert "gpufleet_pool_decider" not in jobs and "gpufleet_haproxy" in jobs
 
 
 def test_a_llamacpp_node_is_scraped_at_its_own_servers_port(ansible_env, setup):
@@ -206,6 +230,7 @@ def test_short_for_and_moved_thresholds(ansible_env, setup):
         {
             "monitoring_alert_for": {"GpufleetNcclGateFailed": "10s"},
             "monitoring_vllm_max_kv_cache_usage": 0.8,
+            "monitoring_serving_probe_slow_fraction": 0.5,
             "monitoring_haproxy_exporter_port": 0,
         },
     )
@@ -218,13 +243,18 @@ def test_short_for_and_moved_thresholds(ansible_env, setup):
     assert rules["GpufleetNcclGateFailed"]["for"] == "10s"
     assert rules["GpufleetNcclGateNotFromThisBoot"]["for"] == "15m"
     assert rules["GpufleetVllmKvCacheHigh"]["expr"].endswith(">= 0.8")
+    assert "/ gpufleet_serving_probe_deadline_seconds >= 0.5\n" in rules["GpufleetServingProbeSlow"]["expr"]
     jobs = [j["job_name"] for j in yaml.safe_load((out / "prometheus.yml").read_text())["scrape_configs"]]
     assert "gpufleet_haproxy" not in jobs
 
 
 def test_refuses_unknown_alert_and_bad_threshold(ansible_env, setup):
     tmp_path, out, extra = setup
-    for bad in ({"monitoring_alert_for": {"GpufleetNoSuchAlert": "1m"}}, {"monitoring_vllm_max_kv_cache_usage": 1.5}):
+    for bad in (
+        {"monitoring_alert_for": {"GpufleetNoSuchAlert": "1m"}},
+        {"monitoring_vllm_max_kv_cache_usage": 1.5},
+        {"monitoring_serving_probe_slow_fraction": 0},
+    ):
         proc = play(ansible_env, tmp_path, extra, bad)
         assert proc.returncode != 0
         assert "gpufleet.node.monitoring: a setting is out of range" in proc.stdout, proc.explain()
@@ -323,11 +353,12 @@ def test_a_prometheus_systemd_does_not_run_is_reloaded_through_its_endpoint(ansi
             "gpufleet_node",
             "gpufleet_vllm",
             "gpufleet_haproxy",
+            "gpufleet_pool_decider",
             "gpufleet_drift",
         ]
         with urllib.request.urlopen(url + "/api/v1/rules", timeout=10) as resp:
             rules = [r["name"] for g in json.load(resp)["data"]["groups"] for r in g["rules"]]
-        assert len(rules) == 17 and "GpufleetNcclGateFailed" in rules
+        assert len(rules) == 19 and "GpufleetNcclGateFailed" in rules
         again = play(ansible_env, tmp_path, extra, reload)
         assert again.returncode == 0 and again.host("prom")["changed"] == 0, again.explain()
         # an endpoint that does not answer fails the run, naming it

@@ -30,6 +30,7 @@ LIBS = [
     f"{TREE}/common/__init__.py",
     f"{TREE}/common/_atomic.py",
     f"{TREE}/common/_http.py",
+    f"{TREE}/common/_textfile.py",
     f"{TREE}/lb/__init__.py",
     f"{TREE}/lb/_haproxy.py",
     f"{TREE}/serving/__init__.py",

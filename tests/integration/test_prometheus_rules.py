@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -85,7 +86,7 @@ def test_every_alert_has_a_firing_and_a_quiet_test():
             for case in test.get("alert_rule_test", []):
                 (fires if case.get("exp_alerts") else quiet).add(case["alertname"])
     names = set(alerts())
-    assert len(names) == 17
+    assert len(names) == 19
     assert names - fires == set(), "alerts without a test where they fire"
     assert names - quiet == set(), "alerts without a test where they stay quiet"
     assert (fires | quiet) - names == set(), "tests of alerts that do not exist"
@@ -124,9 +125,10 @@ def test_for_durations_are_the_roles_defaults():
     assert defaults["GpufleetVllmKvCacheHigh"] == defaults["GpufleetVllmWaitingQueueHigh"] == "5m"
 
 
-def test_rules_read_the_metrics_the_roles_write():
-    """Every gpufleet_* metric the rules use is written by a template, an action plugin (the drift
-    report's), a node-side agent (the serving prober's) or module_utils."""
+def exported():
+    """What writes gpufleet_* metrics: the roles' textfile templates, the action plugins (the drift
+    report's), the node-side agents and daemons (the serving prober's, the pool decider's), module_utils
+    (the pool budget's), and the textfiles module_utils builds (GPU health history, worker recycle)."""
     sources = "".join(
         p.read_text()
         for pattern in (
@@ -134,11 +136,22 @@ def test_rules_read_the_metrics_the_roles_write():
             "playbooks/templates/*.prom.j2",
             "plugins/action/*.py",
             "roles/*/files/*.py",
+            "plugins/module_utils/**/*.py",
         )
         for p in REPO.glob(pattern)
     ) + _recycle.textfile({"rss_slope_mib_per_min": 1.0, "rss_bytes": 1}, {"last_recycle_kind": "x"})
-    sources += _history.textfile(_history.empty(), "boot")
-    used = set(re.findall(r'(?<!["\w])gpufleet_[a-z_]+', " ".join(r["expr"] for r in alerts().values())))
+    return sources + _history.textfile(_history.empty(), "boot")
+
+
+def gpufleet_metrics(exprs):
+    """The gpufleet_* metric names PromQL expressions read (not label values, not recording rules)."""
+    return set(re.findall(r'(?<!["\w])gpufleet_[a-z_]+', " ".join(exprs)))
+
+
+def test_rules_read_the_metrics_the_roles_write():
+    """Every gpufleet_* metric the rules use is written by the collection."""
+    used = gpufleet_metrics(r["expr"] for r in alerts().values())
+    sources = exported()
     assert used and {m for m in used if m not in sources} == set()
 
 
@@ -162,6 +175,13 @@ def test_dashboard_shape():
         "p50 / p95 / p99",
         "llama.cpp tokens per second",
         "llama.cpp requests processing and deferred",
+        "Serving probe verdict",
+        "Serving probe latency and its deadline",
+        "Fatal XID lines per GPU and code",
+        "Fatal XID last seen",
+        "Held for hardware inspection",
+        "Pool budget",
+        "Removals refused by the budget",
     ):
         assert any(needed in t for t in titles), needed
     # llama-server's metrics (role llamacpp_server, --metrics) by the names this build exports
@@ -184,6 +204,32 @@ def test_dashboard_shape():
     )
     ttft = [e for t, e in dashboard_queries(board) if "first token" in t]
     assert [_number_after(e, "histogram_quantile(") for e in ttft] == [q for _n, q in _vllm_metrics.QUANTILES]
+    # the slow probe's line is the alert's bound; the verdict's colours are the prober's codes
+    slow = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["monitoring_serving_probe_slow_fraction"]
+    assert steps["Serving probe latency, share of the deadline"][-1]["value"] == slow
+    assert _number_after(alerts()["GpufleetServingProbeSlow"]["expr"], ">=") == slow
+    (verdict,) = [p for p in panels(board) if p["title"].startswith("Serving probe verdict")]
+    (mapping,) = verdict["fieldConfig"]["defaults"]["mappings"]
+    assert {int(code): m["text"] for code, m in mapping["options"].items()} == {
+        code: name for name, code in _prober().VERDICT_CODES.items()
+    }
+
+
+def _prober():
+    spec = importlib.util.spec_from_file_location(
+        "gpufleet_serving_probe", REPO / "roles" / "lb_registration" / "files" / "gpufleet_serving_probe.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dashboard_reads_the_metrics_the_collection_exports():
+    """Every gpufleet_* metric a panel plots is written by the collection (as the rules' are)."""
+    used = gpufleet_metrics(e for _t, e in dashboard_queries())
+    assert {"gpufleet_serving_probe_verdict", "gpufleet_gpu_health_xid_count", "gpufleet_pool_budget_limit"} <= used
+    sources = exported()
+    assert {m for m in used if m not in sources} == set()
 
 
 @needs_promtool
@@ -204,6 +250,87 @@ def test_dashboard_queries_parse(tmp_path):
     path.write_text(yaml.safe_dump(doc))
     proc = promtool("check", "rules", path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _query(title_start, index=0):
+    return [e for t, e in dashboard_queries(values={"node": ".+"}) if t.startswith(title_start)][index]
+
+
+@needs_promtool
+def test_the_probe_recurrence_and_budget_panels_on_the_writers_series(tmp_path):
+    """promtool evaluates those panels' queries on series shaped as the prober, the GPU health
+    history and the pool decider write them: the verdict's code per node; a node without any fatal
+    XID, or a backend without any held, pending or refused removal, reads 0 (a series, not none);
+    one with them reads theirs."""
+    node = 'instance="10.0.0.%d:9100",job="gpufleet_node",node="n%d"'
+    pool = 'instance="lb:9105",job="gpufleet_pool_decider",backend="vllm_pool"'
+    series = {
+        # n1 busy, n2 serving, n3 wedged
+        **{
+            f'gpufleet_serving_probe_verdict{{{node % (i, i)},verdict="{v}"}}': "1x5" if v == seen else "0x5"
+            for i, seen in ((1, "busy"), (2, "serving"), (3, "wedged"))
+            for v in ("serving", "busy", "wedged", "down")
+        },
+        # n1 without any fatal XID, n2 with XID 79 on one GPU in two boots (held)
+        f"gpufleet_gpu_health_hold{{{node % (1, 1)}}}": "0x5",
+        f"gpufleet_gpu_health_hold{{{node % (2, 2)}}}": "1x5",
+        f'gpufleet_gpu_health_xid_count{{{node % (2, 2)},gpu="0000:3b:00.0",code="79",scope="history"}}': "3x5",
+        f'gpufleet_gpu_health_xid_count{{{node % (2, 2)},gpu="0000:3b:00.0",code="79",scope="boot"}}': "1x5",
+        f'gpufleet_gpu_health_xid_last_seen_timestamp_seconds{{{node % (2, 2)},gpu="0000:3b:00.0",code="79"}}': "1700000000x5",
+        # the budget: 4 servers, 1 may be out, none held, pending or refused
+        f"gpufleet_pool_budget_limit{{{pool}}}": "1x5",
+        f"gpufleet_pool_budget_servers{{{pool}}}": "4x5",
+    }
+    busy_pool = dict(
+        series,
+        **{
+            f'gpufleet_pool_budget_held{{{pool},server="n2",reason="gate-failed"}}': "1x5",
+            f'gpufleet_pool_budget_pending{{{pool},server="n3",reason="gpu-health-failed"}}': "1x5",
+            f'gpufleet_pool_budget_refused_total{{{pool},server="n3",reason="gpu-health-failed"}}': "0 1 2 3 4 5",
+        },
+    )
+
+    def case(expr, samples):
+        return {"expr": expr, "eval_time": "5m", "exp_samples": [{"labels": k, "value": v} for k, v in samples]}
+
+    quiet_tests = [
+        case(_query("Serving probe verdict"), [('{node="n1"}', 1), ('{node="n2"}', 0), ('{node="n3"}', 2)]),
+        case(_query("Fatal XID lines"), [('{node="n1"}', 0), ('{node="n2",gpu="0000:3b:00.0",code="79"}', 3)]),
+        case(
+            _query("Fatal XID last seen"),
+            [('{node="n1"}', 0), ('{node="n2",gpu="0000:3b:00.0",code="79"}', 1700000000000)],
+        ),
+        case(_query("Held for hardware inspection"), [('{node="n1"}', 0), ('{node="n2"}', 1)]),
+        case(_query("Pool budget", 1), [('{backend="vllm_pool"}', 1)]),
+        case(_query("Pool budget", 2), [('{backend="vllm_pool"}', 0)]),
+        case(_query("Removals held and pending"), [('{backend="vllm_pool"}', 0)]),
+        case(_query("Removals refused"), [('{backend="vllm_pool"}', 0)]),
+    ]
+    busy_tests = [
+        case(_query("Pool budget", 2), [('{backend="vllm_pool"}', 1)]),
+        case(_query("Removals held and pending"), [('{backend="vllm_pool",server="n2",reason="gate-failed"}', 1)]),
+        case(
+            _query("Removals held and pending", 1),
+            [('{backend="vllm_pool",server="n3",reason="gpu-health-failed"}', 1)],
+        ),
+        case(_query("Removals refused"), [('{backend="vllm_pool",server="n3",reason="gpu-health-failed"}', 5)]),
+    ]
+    doc = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "name": name,
+                "interval": "1m",
+                "input_series": [{"series": k, "values": v} for k, v in inputs.items()],
+                "promql_expr_test": tests,
+            }
+            for name, inputs, tests in (("quiet fleet", series, quiet_tests), ("removals", busy_pool, busy_tests))
+        ],
+    }
+    (tmp_path / "panels.test.yml").write_text(yaml.safe_dump(doc))
+    proc = promtool("test", "rules", "panels.test.yml", cwd=tmp_path)
+    assert proc.returncode == 0 and "SUCCESS" in proc.stdout, proc.stdout + proc.stderr
 
 
 @needs_promtool

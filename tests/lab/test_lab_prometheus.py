@@ -73,7 +73,7 @@ def test_the_labs_prometheus_files_are_the_roles_output(tmp_path):
     run = prom.write_config(inventory)
     assert "lab-api-key-0123456789" not in run.stdout + run.stderr
     check = subprocess.run([PROMTOOL, "check", "config", str(prom.config)], capture_output=True, text=True)
-    assert check.returncode == 0 and "SUCCESS: 17 rules found" in check.stdout, check.stdout + check.stderr
+    assert check.returncode == 0 and "SUCCESS: 19 rules found" in check.stdout, check.stdout + check.stderr
     config = yaml.safe_load(prom.config.read_text())
     assert config["global"] == {"scrape_interval": "2s", "evaluation_interval": "1s"}
     assert config["rule_files"] == [str(prom.rules)]

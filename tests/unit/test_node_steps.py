@@ -29,6 +29,7 @@ BOOT_STEPS = [
     "Register in the balancer",
     "Check that the node may take traffic",
     "Check that the HAProxy agent lets the balancer send traffic",
+    "Return the node to rotation",
 ]
 BOOT_RESCUE = [
     "Stop vLLM, the node may not take traffic",

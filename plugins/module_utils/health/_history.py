@@ -23,9 +23,11 @@ atomically and bounded (:data:`MAX_EVENTS`).
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _textfile
 from ansible_collections.gpufleet.node.plugins.module_utils.health import _kernel_log
 from ansible_collections.gpufleet.node.plugins.module_utils.health._checks import _gpu_of_bdf
 from ansible_collections.gpufleet.node.plugins.module_utils.health._verdict import (
@@ -164,7 +166,7 @@ def observe(history, boot_id, xids, bus_ids, now=None, boots=DEFAULT_BOOTS):
     hold added for each GPU and code now seen in ``boots`` distinct boots. ``count`` is the
     number of lines of the boot (the largest seen: the kernel log of a boot only grows)."""
     now = time.time() if now is None else now
-    history = json.loads(json.dumps(history))
+    history = copy.deepcopy(history)
     found = fatal_by_gpu(xids, bus_ids)
     wide = node_wide_codes(found, bus_ids)
     events = history["events"]
@@ -266,7 +268,7 @@ def clear(history, now=None):
     GPU and code (the inspected or replaced GPU starts afresh), each clear kept in ``cleared``
     (the last :data:`MAX_CLEARED`). ``cleared`` is ``[]`` when there was no hold."""
     now = time.time() if now is None else now
-    history = json.loads(json.dumps(history))
+    history = copy.deepcopy(history)
     cleared = history["holds"]
     if not cleared:
         return history, []
@@ -276,10 +278,6 @@ def clear(history, now=None):
     history["cleared"] = (history.get("cleared") or []) + [dict(h, cleared=now) for h in cleared]
     history["cleared"] = history["cleared"][-MAX_CLEARED:]
     return history, cleared
-
-
-def _label(value):
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def textfile(history, boot_id):
@@ -295,50 +293,50 @@ def textfile(history, boot_id):
         row["last"] = max(row["last"], e["last_seen"])
         if e["boot_id"] == boot_id:
             row["boot"] += e["count"]
-    lines = [
-        "# HELP gpufleet_gpu_health_xid_count Fatal Xid lines per GPU and code: scope boot (this boot) "
+    rows = sorted(per.items())
+    out = _textfile.Exposition()
+    out.metric(
+        "gpufleet_gpu_health_xid_count",
+        "gauge",
+        "Fatal Xid lines per GPU and code: scope boot (this boot) "
         "or history (every boot the node recorded; a reboot does not reset it).",
-        "# TYPE gpufleet_gpu_health_xid_count gauge",
-    ]
-    for (gpu, code), row in sorted(per.items()):
-        for scope in ("boot", "history"):
-            lines.append(
-                'gpufleet_gpu_health_xid_count{gpu="%s",code="%d",scope="%s"} %d'
-                % (_label(gpu), code, scope, row["boot"] if scope == "boot" else row["total"])
-            )
-    lines += [
-        "# HELP gpufleet_gpu_health_xid_boots Distinct boots in which the fatal Xid was recorded on the GPU.",
-        "# TYPE gpufleet_gpu_health_xid_boots gauge",
-    ]
-    lines += [
-        'gpufleet_gpu_health_xid_boots{gpu="%s",code="%d"} %d' % (_label(gpu), code, len(row["boots"]))
-        for (gpu, code), row in sorted(per.items())
-    ]
-    lines += [
-        "# HELP gpufleet_gpu_health_xid_last_seen_timestamp_seconds When the fatal Xid was last seen on the GPU.",
-        "# TYPE gpufleet_gpu_health_xid_last_seen_timestamp_seconds gauge",
-    ]
-    lines += [
-        'gpufleet_gpu_health_xid_last_seen_timestamp_seconds{gpu="%s",code="%d"} %.3f'
-        % (_label(gpu), code, row["last"])
-        for (gpu, code), row in sorted(per.items())
-    ]
-    lines += [
-        "# HELP gpufleet_gpu_health_hold 1 while the node is held for hardware inspection (the same fatal "
+        [
+            ((("gpu", gpu), ("code", code), ("scope", scope)), row["boot"] if scope == "boot" else row["total"])
+            for (gpu, code), row in rows
+            for scope in ("boot", "history")
+        ],
+    )
+    out.metric(
+        "gpufleet_gpu_health_xid_boots",
+        "gauge",
+        "Distinct boots in which the fatal Xid was recorded on the GPU.",
+        [((("gpu", gpu), ("code", code)), len(row["boots"])) for (gpu, code), row in rows],
+    )
+    out.metric(
+        "gpufleet_gpu_health_xid_last_seen_timestamp_seconds",
+        "gauge",
+        "When the fatal Xid was last seen on the GPU.",
+        [((("gpu", gpu), ("code", code)), float(row["last"])) for (gpu, code), row in rows],
+        decimals=3,
+    )
+    out.metric(
+        "gpufleet_gpu_health_hold",
+        "gauge",
+        "1 while the node is held for hardware inspection (the same fatal "
         "Xid on the same GPU in several boots), until an operator clears it.",
-        "# TYPE gpufleet_gpu_health_hold gauge",
-        "gpufleet_gpu_health_hold %d" % (1 if history["holds"] else 0),
-        "# HELP gpufleet_gpu_health_hold_xid The GPU and fatal Xid of each hold for hardware inspection.",
-        "# TYPE gpufleet_gpu_health_hold_xid gauge",
-    ]
-    lines += [
-        'gpufleet_gpu_health_hold_xid{gpu="%s",code="%d"} 1' % (_label(h["gpu"]), h["code"]) for h in history["holds"]
-    ]
+        [((), 1 if history["holds"] else 0)],
+    )
+    out.metric(
+        "gpufleet_gpu_health_hold_xid",
+        "gauge",
+        "The GPU and fatal Xid of each hold for hardware inspection.",
+        [((("gpu", h["gpu"]), ("code", h["code"])), 1) for h in history["holds"]],
+    )
     wide = sorted({e["code"] for e in history["events"] if e["boot_id"] == boot_id and e.get("scope") == "node"})
-    lines += [
-        "# HELP gpufleet_gpu_health_xid_node_wide 1 for a fatal Xid seen on every GPU of the node in this "
-        "boot (a software or driver event).",
-        "# TYPE gpufleet_gpu_health_xid_node_wide gauge",
-    ]
-    lines += ['gpufleet_gpu_health_xid_node_wide{code="%d"} 1' % code for code in wide]
-    return "\n".join(lines) + "\n"
+    out.metric(
+        "gpufleet_gpu_health_xid_node_wide",
+        "gauge",
+        "1 for a fatal Xid seen on every GPU of the node in this boot (a software or driver event).",
+        [((("code", code),), 1) for code in wide],
+    )
+    return out.text()

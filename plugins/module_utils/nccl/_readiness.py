@@ -203,35 +203,50 @@ def agent_verdict(marker_path, boot_id_path, health_path=None, probe_path=None, 
     ``probe-unreadable`` otherwise. Without it the engine is not judged here (no prober: the
     balancer's health check alone judges the server).
     """
+    words, reasons = agent_words(marker_path, boot_id_path, health_path, probe_path, probe_max_age, now, first=True)
+    return (words[0] if words else None), reasons
+
+
+def agent_words(
+    marker_path, boot_id_path, health_path=None, probe_path=None, probe_max_age=None, now=None, first=False
+):
+    """``(words, reasons)``: the short word of every part that keeps the node out, in
+    :func:`agent_verdict`'s order (GPU health, gate, serving probe), and their reasons; ``first``:
+    the first part's only (the probe is then read only where health and gate pass). The HAProxy
+    agent holds a node for the pool's budget (``--budgeted``) only where every word is budgeted:
+    a node whose marker is missing or whose engine does not serve leaves at once."""
     if health_path is None:
         health_path = health_path_for(marker_path)
     try:
         boot_id = read_boot_id(boot_id_path)
     except OSError as exc:
-        return "boot-id-unreadable", [f"cannot read the boot id at {boot_id_path}: {exc.strerror or exc}"]
+        return ["boot-id-unreadable"], [f"cannot read the boot id at {boot_id_path}: {exc.strerror or exc}"]
+    words, reasons = [], []
     verdict, problem = read_health(health_path)
     health = health_reasons(verdict, problem, boot_id, health_path)
+    if health:
+        words.append("health-unreadable" if verdict is None else "gpu-health-failed")
     marker, problem = read_marker(marker_path)
     gate = marker_reasons(marker, problem, boot_id, marker_path)
-    reasons = health + gate
-    if health:
-        return ("health-unreadable" if verdict is None else "gpu-health-failed"), reasons
     if gate:
         if problem:
-            word = "marker-unreadable"
+            words.append("marker-unreadable")
         elif marker is None:
-            word = "no-marker"
+            words.append("no-marker")
         elif marker.get("boot_id") != boot_id:
-            word = "stale-marker"
+            words.append("stale-marker")
         else:
-            word = "gate-failed"
-        return word, reasons
+            words.append("gate-failed")
+    reasons = health + gate
+    if first and words:
+        return words[:1], reasons
     if probe_path:
         record, problem = _read_json_object(probe_path, "serving probe record")
         word, reason = _probe.record_problem(record, problem, boot_id, probe_path, probe_max_age, now)
         if word:
-            return word, [reason]
-    return None, []
+            words.append(word)
+            reasons.append(reason)
+    return words, reasons
 
 
 def agent_answer(marker_path, boot_id_path, health_path=None):

@@ -30,6 +30,8 @@ from __future__ import annotations
 import math
 import time
 
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _textfile
+
 MiB = 1024 * 1024
 DEFAULTS = {
     "window": 12,  # samples judged
@@ -191,17 +193,14 @@ CLASSES = ("steady", "memory_growth", "fragmentation", "preemption_or_placement"
 
 
 def textfile(verdict, state):
-    """Prometheus textfile-collector exposition of the last verdict and the recycle counters."""
-    lines = []
+    """Prometheus textfile-collector exposition of the last verdict and the recycle counters
+    (every value written as a float, ``1.0``)."""
+    out = _textfile.Exposition()
 
     def metric(name, kind, helptext, samples):
-        lines.append("# HELP %s %s" % (name, helptext))
-        lines.append("# TYPE %s %s" % (name, kind))
-        for labels, value in samples:
-            if value is None:
-                continue
-            label = "{%s}" % ",".join('%s="%s"' % kv for kv in labels) if labels else ""
-            lines.append("%s%s %s" % (name, label, repr(float(value))))
+        out.metric(
+            name, kind, helptext, [(labels, None if value is None else float(value)) for labels, value in samples]
+        )
 
     metric(
         "gpufleet_worker_rss_bytes",
@@ -257,4 +256,4 @@ def textfile(verdict, state):
         "1 for the decay that caused the last recycle.",
         [((("kind", state["last_recycle_kind"]),), 1)] if state.get("last_recycle_kind") else [],
     )
-    return "\n".join(lines) + "\n"
+    return out.text()

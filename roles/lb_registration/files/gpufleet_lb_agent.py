@@ -19,6 +19,13 @@ the node's journal, standard error here, and stay in the gate's JSON):
                              tell whom to answer, so everyone who reaches it hears down),
                              agent-error (anything else that kept it from judging: a bad
                              command line, a missing module_utils copy, a bug)
+    up #hold-<word>          with --budgeted WORD ...: the first reason's word is one the pool's
+                             decider judges (gpu-health-failed, gate-failed by default) while the
+                             engine still serves: HAProxy keeps the server, and the decider on the
+                             balancer (gpufleet-pool-decider) drains it within the pool's budget.
+                             Every other word stays `down`, and so does a budgeted one where
+                             anything else keeps the node out too (its engine does not serve, its
+                             marker is not of this boot)
     drain up #<word>         the node asked to be drained (--request, e.g. by its worker-recycle
                              timer before a restart); `maint` likewise
     ready up                 the node asked to return, until the request's `until` (epoch s)
@@ -43,8 +50,13 @@ With --probe (where the role installed the node's serving prober), the prober's 
 also say the engine serves (``serving`` or ``busy``) and be at most a bound derived from
 --probe-interval and --probe-timeout old (module_utils ``serving/_probe``).
 
+With --budgeted WORD ... (where the pool has a decider: role lb_registration passes it when the
+balancer runs one, gpufleet_pool_budget), a fault of those words is the decider's to act on: a
+false alarm on every node at once then cannot empty the pool (module_utils ``lb/_budget``).
+
     python3 /usr/local/lib/gpufleet/gpufleet_lb_agent.py --marker PATH [--boot-id PATH]
         [--request PATH] [--allow PREFIX ...] [--probe PATH --probe-interval S --probe-timeout S]
+        [--budgeted WORD ...]
 """
 
 import argparse
@@ -122,21 +134,30 @@ def read_request(path, now=None):
     return state, short_word(request.get("reason"), "requested")
 
 
-def answer(marker, boot_id, request=None, health=None, probe=None, probe_interval=5.0, probe_timeout=10.0):
+def answer(marker, boot_id, request=None, health=None, probe=None, probe_interval=5.0, probe_timeout=10.0, budgeted=()):
     """``(line, detail)``: the one line for HAProxy, and what the journal gets besides."""
     # the copy of the collection's module_utils the role installs beside this file
-    from ansible_collections.gpufleet.node.plugins.module_utils.nccl._readiness import agent_verdict
+    from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _readiness
 
     probed = {}
     if probe:
         from ansible_collections.gpufleet.node.plugins.module_utils.serving._probe import max_age
 
         probed = {"probe_path": probe, "probe_max_age": max_age(probe_interval, probe_timeout)}
-    word, reasons = agent_verdict(marker, boot_id, health, **probed)
+    if budgeted:
+        # every part that keeps the node out: held only where each is one the decider judges
+        parts, reasons = _readiness.agent_words(marker, boot_id, health, **probed)
+        word = parts[0] if parts else None
+        hold = word if parts and all(w in budgeted for w in parts) else None
+    else:
+        (word, reasons), hold = _readiness.agent_verdict(marker, boot_id, health, **probed), None
     state, why = read_request(request)
     words = [state] if state else []
-    words.append("down" if word else "up")
-    if word:
+    words.append("down" if word and not hold else "up")
+    if hold:
+        words.append("#hold-" + hold)
+        reasons = [*reasons, "held in rotation for the pool's decider (its budget decides the removal)"]
+    elif word:
         words.append("#" + word)
     elif state in ("drain", "maint"):
         words.append("#" + why)
@@ -180,6 +201,12 @@ def serve(argv, peer):
     parser.add_argument("--probe", default="", help="the serving probe's record (JSON); empty: not judged")
     parser.add_argument("--probe-interval", type=float, default=5.0, help="the prober's interval (s)")
     parser.add_argument("--probe-timeout", type=float, default=10.0, help="the prober's deadline (s)")
+    parser.add_argument(
+        "--budgeted",
+        nargs="*",
+        default=[],
+        help="words whose removal the pool's decider judges: answered `up #hold-WORD` while the engine serves",
+    )
     try:
         args = parser.parse_args(argv)
     except UsageError as exc:
@@ -207,6 +234,7 @@ def serve(argv, peer):
         probe=args.probe,
         probe_interval=args.probe_interval,
         probe_timeout=args.probe_timeout,
+        budgeted=[short_word(w, "") for w in args.budgeted],
     )
     say(line, peer, detail)
     return 0

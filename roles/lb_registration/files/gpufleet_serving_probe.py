@@ -40,13 +40,14 @@ def log(message):
 
 def load_rules():
     """The collection's probe rule and what the prober needs besides (``_atomic``, ``_readiness``
-    for the boot id), from the copy of module_utils the role installs beside this file."""
+    for the boot id, ``_textfile`` for the metrics), from the copy of module_utils the role
+    installs beside this file."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from ansible_collections.gpufleet.node.plugins.module_utils.common import _atomic
+    from ansible_collections.gpufleet.node.plugins.module_utils.common import _atomic, _textfile
     from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _readiness
     from ansible_collections.gpufleet.node.plugins.module_utils.serving import _probe
 
-    return _atomic, _readiness, _probe
+    return _atomic, _readiness, _probe, _textfile
 
 
 def read_key(path):
@@ -62,30 +63,46 @@ def read_key(path):
         ) from None
 
 
-def textfile(verdict, elapsed, stamp):
-    """node_exporter textfile metrics of one probe."""
-    lines = [
-        "# HELP gpufleet_serving_probe_up Whether the serving probe finds the engine serving (1: serving or busy).",
-        "# TYPE gpufleet_serving_probe_up gauge",
-        "gpufleet_serving_probe_up %d" % (1 if verdict in ("serving", "busy") else 0),
-        "# HELP gpufleet_serving_probe_verdict The serving probe's last verdict (1 for the verdict it gave).",
-        "# TYPE gpufleet_serving_probe_verdict gauge",
-    ]
-    lines += ['gpufleet_serving_probe_verdict{verdict="%s"} %d' % (v, v == verdict) for v in VERDICT_CODES]
-    lines += [
-        "# HELP gpufleet_serving_probe_duration_seconds How long the last probe's completion took.",
-        "# TYPE gpufleet_serving_probe_duration_seconds gauge",
-        "gpufleet_serving_probe_duration_seconds %s" % (elapsed if elapsed is not None else "NaN"),
-        "# HELP gpufleet_serving_probe_timestamp_seconds When the last probe ended (Unix time).",
-        "# TYPE gpufleet_serving_probe_timestamp_seconds gauge",
-        "gpufleet_serving_probe_timestamp_seconds %.3f" % stamp,
-    ]
-    return "\n".join(lines) + "\n"
+def textfile(builder, verdict, elapsed, stamp, deadline):
+    """node_exporter textfile metrics of one probe (``builder``: the collection's ``_textfile``)."""
+    out = builder.Exposition()
+    out.metric(
+        "gpufleet_serving_probe_up",
+        "gauge",
+        "Whether the serving probe finds the engine serving (1: serving or busy).",
+        [((), 1 if verdict in ("serving", "busy") else 0)],
+    )
+    out.metric(
+        "gpufleet_serving_probe_verdict",
+        "gauge",
+        "The serving probe's last verdict (1 for the verdict it gave).",
+        [((("verdict", v),), int(v == verdict)) for v in VERDICT_CODES],
+    )
+    out.metric(
+        "gpufleet_serving_probe_duration_seconds",
+        "gauge",
+        "How long the last probe's completion took.",
+        [((), float("nan") if elapsed is None else float(elapsed))],
+    )
+    out.metric(
+        "gpufleet_serving_probe_deadline_seconds",
+        "gauge",
+        "The probe's deadline for its completion (--timeout).",
+        [((), float(deadline))],
+    )
+    out.metric(
+        "gpufleet_serving_probe_timestamp_seconds",
+        "gauge",
+        "When the last probe ended (Unix time).",
+        [((), float(stamp))],
+        decimals=3,
+    )
+    return out.text()
 
 
 def probe_once(args, rules, key, last=None):
     """Probe, write the record (and the textfile); returns the verdict."""
-    _atomic, _readiness, _probe = rules
+    _atomic, _readiness, _probe, _textfile = rules
     try:
         boot_id = _readiness.read_boot_id(args.boot_id)
     except OSError as exc:
@@ -97,13 +114,14 @@ def probe_once(args, rules, key, last=None):
     record = _probe.record(verdict, reason, boot_id, elapsed, args.backend, args.interval, args.timeout)
     _atomic.write(args.record, json.dumps(record, sort_keys=True) + "\n")
     if args.textfile:
-        _atomic.write(args.textfile, textfile(verdict, elapsed, record["time"]))
+        _atomic.write(args.textfile, textfile(_textfile, verdict, elapsed, record["time"], args.timeout))
     if verdict != last:
         log("%s: %s (%.1f s)" % (verdict, reason, elapsed or 0.0))
     return verdict
 
 
-def main(argv=None):
+def parse_args(argv=None):
+    """The prober's arguments (SystemExit 2, with the usage, on bad ones)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", required=True, help="the server, http://127.0.0.1:PORT")
     parser.add_argument("--model", required=True, help="the served model name")
@@ -119,6 +137,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if not (args.interval > 0 and args.timeout > 0):
         parser.error("--interval and --timeout must be above 0")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     try:
         rules = load_rules()
     except ImportError as exc:

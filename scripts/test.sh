@@ -45,15 +45,22 @@ python -m pytest -p no:cacheprovider --durations=20 -m needs_lab "$@"
 labs_rc=$?
 wait "$rest"
 rest_rc=$?
+rest_log_text=$(<"$rest_log")
 cat "$rest_log"
 rm -f "$rest_log"
+# static_and_rest says 64 for failed static checks; its own pytest's status is then in its log.
+static_rc=0 rest_pytest_rc=$rest_rc
 if ((rest_rc == 64)); then
-  failed+=("static checks (ruff, ansible-lint or sanity: see above)")
-elif ((labs_rc == 5 && rest_rc == 5)); then
+  static_rc=1
+  rest_pytest_rc=$(sed -n 's/^== exit: static checks [0-9]*, pytest \([0-9]*\)$/\1/p' <<<"$rest_log_text")
+  rest_pytest_rc=${rest_pytest_rc:-1}
+fi
+((static_rc == 0)) || failed+=("static checks (ruff, ansible-lint or sanity: see above)")
+if ((labs_rc == 5 && rest_pytest_rc == 5)); then
   failed+=("pytest (no test selected)")
 else
   ((labs_rc == 0 || labs_rc == 5)) || failed+=("pytest (labs)")
-  ((rest_rc == 0 || rest_rc == 5)) || failed+=("pytest (no lab)")
+  ((rest_pytest_rc == 0 || rest_pytest_rc == 5)) || failed+=("pytest (no lab)")
 fi
 if ((${#failed[@]})); then
   echo "FAILED: ${failed[*]}" >&2

@@ -58,7 +58,7 @@ def _wait(fleet, node, agent_word, running, bound=BOUND):
     t0 = time.monotonic()
     answer, entry = None, {}
     while time.monotonic() - t0 < bound:
-        answer = fleet.agent(node)
+        answer = fleet.agent_verdict(node)
         entry = fleet.pool().get(node, {})
         if answer.startswith(agent_word) and (entry.get("op_state") == "running") == running:
             break
@@ -67,7 +67,7 @@ def _wait(fleet, node, agent_word, running, bound=BOUND):
 
 
 def _leaves_and_returns(fleet, node, server_unit, wedge, unwedge, word, label):
-    assert fleet.agent(node) == "up" and fleet.pool()[node]["op_state"] == "running"
+    assert fleet.agent_verdict(node) == "up" and fleet.pool()[node]["op_state"] == "running"
     assert _record(fleet, node)["verdict"] == "serving"
     others = [u for u in ("gpufleet-serving-probe.service", "gpufleet-gpu-health-watch.service") if u]
     before = _pids(fleet, node, server_unit, *others)

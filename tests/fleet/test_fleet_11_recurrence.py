@@ -87,7 +87,7 @@ def test_the_same_fatal_xid_after_a_reboot_holds_the_node_until_the_documented_c
         fleet.lab("fault", node, "xid", "79", "--gpu", "0")
         verdict = _wait_verdict(fleet, node, lambda v: bool(v) and v.get("action") == "hardware inspection")
         assert "xid_recurrence" in [c["name"] for c in verdict["checks"]], verdict
-        assert fleet.agent(node) == "down #gpu-health-failed"
+        assert fleet.agent_verdict(node) == "down #gpu-health-failed"
 
         # boot 3: no XID in this boot, still held: the boot validation keeps the node out, saying so
         fleet.reboot(node)
@@ -98,7 +98,7 @@ def test_the_same_fatal_xid_after_a_reboot_holds_the_node_until_the_documented_c
         verdict = _json(fleet, node, VERDICT)
         assert verdict["action"] == "hardware inspection" and verdict["boot_id"] == fleet.nodes[node]["boot_id"]
         assert [c["name"] for c in verdict["checks"]] == ["xid_recurrence"], verdict
-        assert fleet.agent(node) == "down #gpu-health-failed"
+        assert fleet.agent_verdict(node) == "down #gpu-health-failed"
         pool = fleet.wait_pool(lambda p: p.get(node, {}).get("op_state") != "running")
         assert pool.get(node, {}).get("op_state") != "running", pool
         report = fleet.lab("report", check=False).stdout
@@ -115,7 +115,7 @@ def test_the_same_fatal_xid_after_a_reboot_holds_the_node_until_the_documented_c
         state, journal = _validation(fleet, node)
         assert state["Result"] == "success" and state["ActiveState"] == "active", (state, journal[-3000:])
         assert _json(fleet, node, VERDICT)["passed"] is True
-        assert fleet.agent(node) == "up"
+        assert fleet.agent_verdict(node) == "up"
         assert _in_pool(fleet, node), fleet.pool()
         fleet.restored(node)
     finally:

@@ -128,7 +128,7 @@ def test_reboot_with_the_boot_units(fleet, converged):
     journal = _journal(fleet, node, "gpufleet-validate.service")
     assert re.search(rf"^{node}\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0", journal, re.M), journal[-3000:]
     assert host.service("vllm.service").is_running
-    assert fleet.agent(node) == "up"
+    assert fleet.agent_verdict(node) == "up"
     pool = fleet.wait_pool(lambda p: p.get(node, {}).get("op_state") == "running")
     assert pool[node]["state"] == "ready" and pool[node]["op_state"] == "running", pool
     print(f"\n{node}: from reboot to back in rotation in {time.monotonic() - t0:.1f} s")
@@ -169,7 +169,7 @@ def test_reboot_without_the_boot_units_then_site_restores(fleet, converged):
         assert fleet.unit_state(node, unit)["ActiveState"] == "inactive", unit
     # out of rotation by itself: still a member of the pool, but its agent says down
     # (one word for the balancer; the reason in full only in the node's journal)
-    assert fleet.agent(node) == "down #no-marker"
+    assert fleet.agent_verdict(node) == "down #no-marker"
     journal = fleet.sh(node, "journalctl -b -t gpufleet-lb-agent --no-pager -o cat")
     assert f"no NCCL gate marker at {MARKER}: the gate has not run since boot" in journal, journal
     pool = fleet.wait_pool(lambda p: p.get(node, {}).get("op_state") == "stopped")
@@ -210,7 +210,7 @@ def test_reboot_without_the_boot_units_then_site_restores(fleet, converged):
     marker = json.loads(host.file(MARKER).content_string)
     assert marker["passed"] is True and marker["boot_id"] == fleet.nodes[node]["boot_id"]
     assert host.service("gpufleet-acs.service").is_enabled and host.service("gpufleet-validate.service").is_enabled
-    assert fleet.agent(node) == "up"
+    assert fleet.agent_verdict(node) == "up"
     now = _registers(fleet, node, writes)
     assert all(now[bdf] & mask == value & mask for bdf, value, mask in writes)
 

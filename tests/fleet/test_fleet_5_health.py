@@ -92,7 +92,7 @@ def _assert_kept_out_by(fleet, node, run, faults):
             assert f"-> action: {action}" in failures, (check, failures)
         assert check in failed, (check, verdict)
     fleet.assert_drained(node)
-    assert fleet.agent(node) == "down #gpu-health-failed"  # one word: the details stay on the node
+    assert fleet.agent_verdict(node) == "down #gpu-health-failed"  # one word: the details stay on the node
 
 
 def _restore(fleet, node, label):
@@ -199,7 +199,7 @@ def test_boot_validation_clears_what_a_reboot_clears_and_keeps_the_rest_out(flee
         assert state["Result"] == "success" and state["ActiveState"] == "active", (state, journal[-3000:])
         verdict = _verdict(fleet, node)
         assert verdict["passed"] is True and verdict["boot_id"] == fleet.nodes[node]["boot_id"], verdict
-        assert fleet.agent(node) == "up"
+        assert fleet.agent_verdict(node) == "up"
         pool = fleet.wait_pool(lambda p: p.get(node, {}).get("op_state") == "running")
         assert pool.get(node, {}).get("op_state") == "running", pool
 
@@ -212,7 +212,7 @@ def test_boot_validation_clears_what_a_reboot_clears_and_keeps_the_rest_out(flee
         assert "clocks:" in journal and "hw_slowdown" in journal, journal[-3000:]
         verdict = _verdict(fleet, node)
         assert verdict["passed"] is False and verdict["boot_id"] == fleet.nodes[node]["boot_id"], verdict
-        assert fleet.agent(node) == "down #gpu-health-failed"
+        assert fleet.agent_verdict(node) == "down #gpu-health-failed"
         assert fleet.unit_state(node, "vllm.service")["ActiveState"] == "inactive"
         pool = fleet.wait_pool(lambda p: p.get(node, {}).get("op_state") != "running")
         assert pool.get(node, {}).get("op_state") != "running", pool
@@ -223,7 +223,7 @@ def test_boot_validation_clears_what_a_reboot_clears_and_keeps_the_rest_out(flee
 
 def test_a_fatal_xid_takes_a_serving_node_out_of_rotation(fleet, converged):
     node = _node_of(fleet, "l40s-4x-switch")
-    assert fleet.agent(node) == "up" and fleet.pool()[node]["op_state"] == "running"
+    assert fleet.agent_verdict(node) == "up" and fleet.pool()[node]["op_state"] == "running"
     vllm_pid = fleet.sh(node, "systemctl show -p MainPID --value vllm.service").strip()
     fleet.changed(node)
     try:
@@ -232,7 +232,7 @@ def test_a_fatal_xid_takes_a_serving_node_out_of_rotation(fleet, converged):
         deadline = t0 + 120  # a bound for a hung watcher, not a target: the time is printed below
         answer, pool = None, {}
         while time.monotonic() < deadline:
-            answer = fleet.agent(node)
+            answer = fleet.agent_verdict(node)
             pool = fleet.pool()
             if answer.startswith("down") and pool.get(node, {}).get("op_state") != "running":
                 break

@@ -474,6 +474,12 @@ class Lab:
         with socket.create_connection((self.nodes[node]["address"], 9777), 5) as conn:
             return conn.makefile().readline().strip()
 
+    def agent_verdict(self, node):
+        """The node's own verdict in its agent's answer: the answer less a leading `ready`, the
+        return request a passed boot validation makes for lb_registration_ready_hold seconds
+        (roles/lb_registration/tasks/ready.yml), which comes and goes with the clock."""
+        return self.agent(node).removeprefix("ready ")
+
     def unit_state(self, node, unit):
         """{ActiveState, SubState, Result} of a unit on node."""
         out = self.sh(node, f"systemctl show -p ActiveState,SubState,Result {unit}")

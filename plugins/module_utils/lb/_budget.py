@@ -473,7 +473,7 @@ def load_config(path):
         "agent_timeout": 2.0,
     }
     config.update(data)
-    if not config["interval"] > 0 or not config["agent_timeout"] > 0:
+    if config["interval"] <= 0 or config["agent_timeout"] <= 0:
         raise BudgetError("the pool decider's configuration %s: interval and agent_timeout must be above 0" % path)
     if not 0 <= config["metrics_port"] < 65536:
         raise BudgetError("the pool decider's configuration %s: metrics_port must be 0 (none) to 65535" % path)

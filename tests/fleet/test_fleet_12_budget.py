@@ -19,7 +19,7 @@ import time
 import pytest
 
 from tests.harness.lab import own_lab
-from tests.harness.prometheus import prometheus_api
+from tests.harness.prometheus import evaluate_dashboard, prometheus_api
 
 pytestmark = [pytest.mark.slow, pytest.mark.needs_lab]
 
@@ -121,6 +121,13 @@ def test_a_fault_on_three_of_four_nodes_drains_them_within_the_budget(budget_lab
     for node in pending:
         assert probe_verdict(lab, node) in ("serving", "busy"), node
     wait(lambda: firing(lab, "GpufleetPoolBudgetRefused") == set(pending), "GpufleetPoolBudgetRefused for both")
+    # the dashboard's budget panels (tests/fleet/test_fleet_6_prometheus.py evaluates the rest)
+    panels = {
+        k: v
+        for k, v in evaluate_dashboard(lab.status()["prometheus"]["url"]).items()
+        if "gpufleet_pool_budget_" in k[1]
+    }
+    assert len(panels) >= 5 and all(isinstance(v, int) and v >= 1 for v in panels.values()), panels
     log = (lab.state / "pool-decider" / "decider.log").read_text()
     assert all(f"refused to drain vllm_pool/{n}: gpu-health-failed" in log for n in pending), log[-3000:]
 

@@ -89,13 +89,21 @@ def test_peers_catch_what_the_physics_floor_lets_through(tmp_path, baseline_lab)
     for host, res in second.items():
         assert res["rule"] == "peer_median", (host, res["reason"])
         assert res["passed"] is (host not in (NVLINK_DOWN, SLOW)), (host, res["reason"])
-    for host, key, peers in ((NVLINK_DOWN, h100_key, 7), (SLOW, pcie_key, 4)):
+        faulty = NVLINK_DOWN if host in H100 else SLOW
+        if host != faulty:  # the faulty node's own first figure is an outlier its peers drop
+            assert faulty in {o["host"] for o in res["baseline"]["outliers"]}, (host, res["baseline"])
+    for host, key, hosts in ((NVLINK_DOWN, h100_key, H100), (SLOW, pcie_key, PCIE)):
         res = second[host]
         base = res["baseline"]
-        assert base["count"] == peers and host not in base["hosts"] and res["kind"] == "low_bandwidth"
+        # Every peer is behind the median or named as an outlier the robust rule dropped: healthy
+        # lab nodes spread by about 1 % (each its own factor, each run its own noise), so one of
+        # them can land past the 2 % floor of a four-node baseline.
+        dropped = {o["host"] for o in base["outliers"]}
+        assert set(base["hosts"]) | dropped == set(hosts) - {host} and not set(base["hosts"]) & dropped, base
+        assert base["count"] == len(base["hosts"]) >= 3 and res["kind"] == "low_bandwidth", base
         assert (
             f"is under the threshold {res['threshold_gbps']:.2f} GB/s: under 0.96 x the median "
-            f"{base['median_gbps']:.1f} GB/s of {peers} healthy nodes of design {key}"
+            f"{base['median_gbps']:.1f} GB/s of {base['count']} healthy nodes of design {key}"
         ) in res["reason"]
         assert res["judged_busbw_gbps"] > res["physics_floor_gbps"], res  # the physics floor alone: passed
     marker = json.loads(lab.ssh(NVLINK_DOWN, "cat /run/gpufleet/nccl-gate.json"))

@@ -378,3 +378,27 @@ def test_wait_up_is_bounded_and_returns_what_it_saw():
         "vllm_pool", "node1", 3, interval=0.5, clock=lambda: clock["t"], sleep=lambda s: clock.update(t=clock["t"] + s)
     )
     assert (up, view["check_status"], clock["t"]) == (False, "L4CON", 3.0)
+
+
+@pytest.mark.parametrize(
+    "answer, ok",
+    [
+        # HAProxy 2.6.12's answers to `set server B/S addr A [port P]` (run against the real one here)
+        ("IP changed from '127.0.0.1' to '127.0.0.2', no need to change the port by 'stats socket command'\n\n", True),
+        ("no need to change the addr, port changed from '18556' to '18557' by 'stats socket command'\n\n", True),
+        ("IP changed from '127.0.0.2' to '127.0.0.3' by 'stats socket command'\n\n", True),
+        ("no need to change the addr, no need to change the port by 'stats socket command'\n\n", True),
+        ("Invalid addr 'bogus' by 'stats socket command'\n\n", False),
+        ("New server registered.\n", True),
+        ("No such server.\n", False),
+        ("", True),
+    ],
+)
+def test_which_answers_are_a_success(monkeypatch, answer, ok):
+    api = H.RuntimeAPI("/nonexistent/admin.sock")
+    monkeypatch.setattr(api, "command", lambda line: answer)
+    if ok:
+        assert api.run("set server vllm_pool/node1 addr 127.0.0.2 port 9000") == answer.strip()
+    else:
+        with pytest.raises(H.HAProxyError, match="HAProxy refused"):
+            api.run("set server vllm_pool/node1 addr 127.0.0.2 port 9000")

@@ -52,6 +52,14 @@ _TIME = re.compile(r"^[0-9]{1,9}(us|ms|s|m|h|d)?$")
 _SEPARATORS = re.compile(r"[;\r\n\x00]")
 # Answers of commands that succeed with something to say; anything else non-empty is an error.
 _OK_ANSWERS = ("New server registered.", "Server deleted.")
+# What `set server B/S addr A [port P]` answers when it worked (HAProxy 2.6: "IP changed from
+# '10.0.0.1' to '10.0.0.2', no need to change the port by 'stats socket command'", "no need to
+# change the addr, port changed from '8000' to '9000' by ..."); a refusal ("Invalid addr 'x' by
+# ...") is any other answer.
+_ADDR_CHANGED = re.compile(
+    r"^(IP changed from '[^']*' to '[^']*'|no need to change the addr)"
+    r"(, (port changed from '[^']*' to '[^']*'|no need to change the port))? by '[^']*'$"
+)
 MAX_ANSWER = 64 * 1024 * 1024  # bytes read from one answer at most
 # `show stat` fields that say why a server is (not) up (haproxy doc/management.txt, 9.1).
 VIEW_FIELDS = ("status", "check_status", "check_desc", "last_chk", "agent_status", "agent_desc", "last_agt")
@@ -169,7 +177,7 @@ class RuntimeAPI:
     def run(self, line):
         """A command that answers nothing (or a known success line) when it works."""
         answer = self.command(line).strip()
-        if answer and answer not in _OK_ANSWERS:
+        if answer and answer not in _OK_ANSWERS and not _ADDR_CHANGED.match(answer):
             raise HAProxyError(f"HAProxy refused `{line}`: {answer}")
         return answer
 
@@ -178,6 +186,18 @@ class RuntimeAPI:
         line = f"set server {check_name('backend', backend)}/{check_name('server', server)} state {check_state(state)}"
         self.run(line)
         return line
+
+    def info(self):
+        """`show info`: {label: value} of the process that answers (``Pid``, ``Uptime_sec``...),
+        parsed by label."""
+        info = {}
+        for line in self.command("show info").splitlines():
+            label, sep, value = line.partition(":")
+            if sep and label.strip():
+                info[label.strip()] = value.strip()
+        if "Pid" not in info:
+            raise HAProxyError(f"HAProxy's `show info` at {self.endpoint} names no Pid")
+        return info
 
     def servers(self, backend):
         """{name: server} of a backend, from `show servers state`, parsed by its header line."""

@@ -49,8 +49,30 @@ options:
       - Address of the server, an IP address or a host name. Required with O(state=present).
     type: str
   port:
-    description: Port of the server. Required with O(state=present).
+    description:
+      - Port of the server. Required with O(state=present) and O(state=drained).
+      - With O(keep_port=true) and O(state=drained), used only for a server that is not in the
+        backend yet.
     type: int
+  budgeted:
+    description:
+      - With O(state=drained), where the pool has a decider (role gpufleet.node.pool_decider), a
+        server in rotation whose agent (O(agent_port)) answers C(up) with the reason C(hold-WORD)
+        now is left as it is, for the decider to drain within the pool's removal budget;
+        RV(held_for_decider) names the word. Any other answer (C(down), none within O(timeout)) and a server not in rotation
+        are drained.
+      - So that a run that fails many nodes at once (a false alarm, a rule change) cannot empty
+        the pool.
+    type: bool
+    default: false
+  keep_port:
+    description:
+      - With O(state=drained), a server already in the backend keeps its port (in the runtime and
+        in O(config_file)), whatever O(port) says. For a run that drains a node before it knows
+        the port its server listens on (a step before the serving role failed), so that a custom
+        port is not replaced by a default.
+    type: bool
+    default: false
   check:
     description: Enable HAProxy's health checks (the backend's C(option httpchk)) for the server.
     type: bool
@@ -189,6 +211,13 @@ config_changed:
   description: Whether the configuration file was (or would be) rewritten.
   returned: always
   type: bool
+held_for_decider:
+  description:
+    - With O(budgeted), the word of the fault for which the server's agent holds it for the pool's
+      decider (the server was left in rotation); null where the drain was made (or not asked).
+  returned: always
+  type: str
+  sample: gpu-health-failed
 balancer_view:
   description: What HAProxy's checks said of the server when O(up_timeout) was waited for.
   returned: when O(up_timeout) was waited for
@@ -260,6 +289,8 @@ def main():
             name=dict(type="str", required=True),
             address=dict(type="str"),
             port=dict(type="int"),
+            keep_port=dict(type="bool", default=False),
+            budgeted=dict(type="bool", default=False),
             check=dict(type="bool", default=True),
             agent_port=dict(type="int"),
             agent_address=dict(type="str"),

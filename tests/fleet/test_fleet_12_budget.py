@@ -7,8 +7,10 @@ nodes at once.
 Only the budget's share (one: 25 % of 4) leaves rotation while the others, whose agents hold them
 (`up #hold-gpu-health-failed`), still answer the serving probe; the refused removals are exported
 by the decider and alerted by the lab's Prometheus (GpufleetPoolBudgetRefused); the rest leave as
-the window frees, until one server is left (min kept); and a node whose probe fails (`lab fault
-NODE engine-wedge`) leaves at once whatever the budget. No reboot: the lab goes down after it.
+the window frees, until one server is left (min kept); a fault on that last one is held, and a
+site.yml run that fails it leaves it in rotation too (its removal goes through the budget); and a
+node whose probe fails (`lab fault NODE engine-wedge`) leaves at once whatever the budget. No
+reboot: the lab goes down after it.
 """
 
 from __future__ import annotations
@@ -139,9 +141,30 @@ def test_a_fault_on_three_of_four_nodes_drains_them_within_the_budget(budget_lab
     wait(lambda: not decider_metrics(lab, "gpufleet_pool_budget_pending"), "no removal pending")
     assert set(decider_metrics(lab, "gpufleet_pool_budget_held")) == set(FAULTY)
 
+    # the last server faults too: the decider keeps it (min kept), and a site.yml run that fails it
+    # (its GPU health check) leaves it in rotation as well: its removal goes through the budget
+    lab.lab("fault", "node4", "xid", "79")
+    wait(lambda: lab.agent("node4") == "up #hold-gpu-health-failed", "node4's watcher verdict")
+    wait(lambda: set(decider_metrics(lab, "gpufleet_pool_budget_pending")) == {"node4"}, "node4's refused removal")
+    run = lab.site(
+        "--tags",
+        "gpu_health",
+        limit="node4",
+        extra_vars=[EXTRA],
+        label="site.yml --limit node4 --tags gpu_health (held)",
+    )
+    assert run.returncode == 2, run.explain()
+    failures = " ".join(" ".join(run.host_failures("node4")).split())
+    assert "node4 stays in rotation, held for the decider of the pool" in failures, failures
+    assert "(its agent says up #hold-gpu-health-failed;" in failures and "GPU health check failed" in failures
+    assert in_rotation(lab) == {"node4"} and set(decider_metrics(lab, "gpufleet_pool_budget_pending")) == {"node4"}
+
     # a node whose probe fails leaves at once, whatever the budget (spent: three drains, one kept)
     lab.lab("fault", "node4", "engine-wedge")
-    wait(lambda: lab.agent("node4") == "down #engine-wedged", "node4's probe to find its engine wedged")
+    wait(
+        lambda: probe_verdict(lab, "node4") == "wedged" and lab.agent("node4").startswith("down #"),
+        "node4's probe to find its engine wedged (its agent says down: not every reason is budgeted)",
+    )
     pool = wait(lambda: "node4" not in in_rotation(lab) and lab.pool(), "HAProxy to take node4 out")
     assert pool["node4"]["state"] == "ready" and pool["node4"]["op_state"] != "running", (
         pool

@@ -144,6 +144,27 @@ def test_drain_then_remove(balancer, run_module):
     assert not run_module("haproxy_pool_member", member(balancer, state="absent"))["changed"]
 
 
+def test_a_drain_before_the_port_is_known_keeps_the_servers_port(balancer, run_module):
+    """keep_port: a run that failed before its serving role published the server's port drains the
+    server on the port it has (in the runtime and the config file); a server not yet in the
+    backend is added drained on the port given."""
+    run_module("haproxy_pool_member", member(balancer, port=18009))
+    res = run_module("haproxy_pool_member", member(balancer, state="drained", port=8000, keep_port=True), diff=True)
+    assert res["changed"] and res["commands"] == ["set server vllm_pool/node1 state drain"], res
+    assert balancer.servers()["node1"]["port"] == 18009 and res["after"]["port"] == 18009
+    assert "server node1 127.0.0.1:18009 " in balancer.cfg.read_text()
+    assert not run_module("haproxy_pool_member", member(balancer, state="drained", port=8000, keep_port=True))[
+        "changed"
+    ]
+    # without keep_port the port given is the port
+    res = run_module("haproxy_pool_member", member(balancer, state="drained", port=8000))
+    assert res.get("changed") and balancer.servers()["node1"]["port"] == 8000, {
+        k: v for k, v in res.items() if k not in ("before", "after")
+    }
+    res = run_module("haproxy_pool_member", member(balancer, name="node2", state="drained", port=8000, keep_port=True))
+    assert res["changed"] and balancer.servers()["node2"] == dict(balancer.servers()["node2"], port=8000, state="drain")
+
+
 def test_balancer_down_changes_nothing(balancer, run_module):
     before = balancer.cfg.read_text()
     balancer.stop()

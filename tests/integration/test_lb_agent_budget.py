@@ -108,3 +108,34 @@ def test_a_node_request_goes_with_a_hold(tmp_path):
         tmp_path, PASSED, HEALTH_FAILED, probe("serving"), request={"state": "drain", "reason": "recycle"}
     )
     assert got == "drain up #hold-gpu-health-failed"
+
+
+RECYCLE = {"state": "drain", "reason": "recycle"}
+
+
+@pytest.mark.parametrize(
+    "marker, health, probed, asked, line",
+    [
+        # worker_recycle's drain, budgeted: the decider's to make, within the budget
+        (PASSED, None, "serving", RECYCLE, "up #hold-recycle"),
+        (PASSED, HEALTH_FAILED, "serving", RECYCLE, "up #hold-gpu-health-failed"),
+        # the node cannot serve: it leaves at once, its own drain said as before
+        (PASSED, None, "wedged", RECYCLE, "drain down #engine-wedged"),
+        (None, None, "serving", RECYCLE, "drain down #no-marker"),
+        # a drain of another reason is not the decider's
+        (PASSED, None, "serving", {"state": "drain", "reason": "operator"}, "drain up #operator"),
+        (PASSED, None, "serving", {"state": "maint", "reason": "recycle"}, "maint up #recycle"),
+    ],
+)
+def test_the_nodes_own_recycle_drain_is_budgeted(tmp_path, marker, health, probed, asked, line):
+    (tmp_path / "boot_id").write_text(BOOT + "\n")
+    args = ["--marker", str(tmp_path / "nccl-gate.json"), "--boot-id", str(tmp_path / "boot_id")]
+    if marker is not None:
+        (tmp_path / "nccl-gate.json").write_text(json.dumps(marker))
+    if health is not None:
+        (tmp_path / "gpu-health.json").write_text(json.dumps(health))
+    (tmp_path / "probe.json").write_text(json.dumps(probe(probed)))
+    (tmp_path / "request.json").write_text(json.dumps(asked))
+    args += ["--probe", str(tmp_path / "probe.json"), "--probe-interval", "5", "--probe-timeout", "10"]
+    args += ["--request", str(tmp_path / "request.json"), *BUDGETED, "recycle"]
+    assert run_agent(tmp_path, *args).stdout == line + "\n"

@@ -32,6 +32,7 @@ LIBS = [
     f"{TREE}/common/_http.py",
     f"{TREE}/common/_textfile.py",
     f"{TREE}/lb/__init__.py",
+    f"{TREE}/lb/_budget.py",
     f"{TREE}/lb/_haproxy.py",
     f"{TREE}/serving/__init__.py",
     f"{TREE}/serving/_recycle.py",
@@ -95,6 +96,7 @@ def test_role_installs_agent_units_and_no_swap_drop_in(ansible_env, tmp_path):
         "request_file": "/run/gpufleet/lb-agent-request.json",
         "settle": 5.0,
         "ready_hold": 20.0,
+        "decider": None,  # no balancer host, so no pool decider to wait for
     }
     assert config["unit"] == "vllm.service" and config["metrics_url"] == "http://127.0.0.1:8000/metrics"
     assert config["judge"]["rss_slope_mib_per_min"] == 50.0 and config["action"] == "recycle"
@@ -130,6 +132,23 @@ def test_role_installs_agent_units_and_no_swap_drop_in(ansible_env, tmp_path):
     assert "systemctl" in res.stderr and res.returncode == 1, res.stdout + res.stderr
     again = play(ansible_env, extra)
     assert recap(again)["changed"] == 0, again.stdout
+
+
+@pytest.mark.parametrize(
+    "budget, decider",
+    [
+        (True, {"url": "http://node7:9778/metrics", "backend": "vllm_pool", "server": "node7", "wait": 60.0}),
+        (False, None),
+    ],
+)
+def test_where_the_balancer_runs_the_pools_decider_a_recycle_waits_for_it(ansible_env, tmp_path, budget, decider):
+    """The balancer host's gpufleet_pool_budget decides, as it does for the node's agent: the recycle
+    waits for the decider's drain at the balancer's decider port, or drains through the agent alone."""
+    extra = variables(tmp_path, gpufleet_lb_host="node7", gpufleet_pool_budget=budget)
+    proc = play(ansible_env, extra)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    config = json.loads((tmp_path / "host/etc/gpufleet/worker-recycle.json").read_text())
+    assert config["balancer"]["method"] == "agent" and config["balancer"]["decider"] == decider
 
 
 @pytest.mark.parametrize(

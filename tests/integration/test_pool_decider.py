@@ -240,6 +240,132 @@ def test_an_operators_drain_stays_and_a_down_agent_is_not_the_deciders(lab):
     assert pool.states()["node4"] == "drain"
 
 
+def test_a_restart_of_haproxy_keeps_the_deciders_drains(lab):
+    """HAProxy restarts from its configuration, which cannot say drain, after the window of the
+    first drain passed and while a second drain spends the budget: the decider drains both again
+    (no refusal, no second share), and the first stays drained once the window passes again."""
+    pool, agents, decider = lab
+    decider.start()
+    agents["node1"].line = "up #hold-gpu-health-failed"
+    wait(lambda: drained(pool) == ["node1"], "the first drain")
+    time.sleep(WINDOW + 1)  # the first drain no longer counts
+    agents["node2"].line = "up #hold-gate-failed"
+    wait(lambda: drained(pool) == ["node1", "node2"], "the second drain, the window having passed")
+
+    before = RuntimeAPI(pool.sock).info()["Pid"]
+    pool.stop()
+    pool.start()
+    assert RuntimeAPI(pool.sock).info()["Pid"] != before
+    wait(lambda: drained(pool) == ["node1", "node2"], "the decider to drain both again")
+    assert decider.series("gpufleet_pool_budget_pending") == {}
+    assert decider.series("gpufleet_pool_budget_held") == {"node1": 1.0, "node2": 1.0}
+    assert "HAProxy restarted" in decider.log.read_text() and "drained vllm_pool/node1 again" in decider.log.read_text()
+    state = json.loads(decider.state.read_text())
+    assert state["haproxy"]["pid"] == int(pool.pidfile.read_text().split()[0])
+
+
+def test_a_budgeted_drain_leaves_a_held_server_to_the_decider(lab, run_module):
+    """haproxy_pool_member budgeted=true (what site.yml's removal of a failed node sends where the
+    pool has a decider): a server whose agent holds it (`up #hold-WORD`) stays in rotation for the
+    decider; one whose agent says down or plain up is drained, as without the budget."""
+    pool, agents, _decider = lab
+    agents["node1"].line = "up #hold-gpu-health-failed"
+    agents["node2"].line = "down #engine-wedged"
+    servers = pool.servers()
+
+    def drain(name, check_mode=False, **kw):
+        params = dict(
+            socket=pool.sock,
+            backend="vllm_pool",
+            name=name,
+            address="127.0.0.1",
+            port=servers[name]["port"],
+            check=False,
+            agent_port=agents[name].port,
+            agent_address="127.0.0.1",
+            agent_interval="500ms",
+            state="drained",
+            config_file=str(pool.cfg),
+            budgeted=True,
+        )
+        return run_module("haproxy_pool_member", dict(params, **kw), check_mode=check_mode, diff=True)
+
+    wait(lambda: pool.servers()["node1"]["op_state"] == "running" and agents["node1"].asked, "node1's agent check")
+    held = drain("node1")
+    assert held["held_for_decider"] == "gpu-health-failed" and not held["changed"] and not held["commands"], held
+    assert pool.states()["node1"] == "ready"
+    assert drain("node1", check_mode=True)["held_for_decider"] == "gpu-health-failed"
+    # not held: drained
+    for name in ("node2", "node3"):
+        res = drain(name)
+        assert res["changed"] and res["held_for_decider"] is None and pool.states()[name] == "drain", res
+    # without budgeted, a held server is drained too
+    res = drain("node1", budgeted=False)
+    assert res["changed"] and pool.states()["node1"] == "drain"
+
+
+def load_recycler(monkeypatch, config):
+    """worker_recycle's node agent (gpufleet_worker_recycle.py) with this config, systemctl faked
+    (the node's HAProxy agent socket active)."""
+    import importlib.machinery
+    import importlib.util
+
+    from ansible_collections.gpufleet.node.plugins.module_utils.common import _atomic, _http
+    from ansible_collections.gpufleet.node.plugins.module_utils.lb import _budget
+
+    path = REPO / "roles" / "worker_recycle" / "files" / "gpufleet_worker_recycle.py"
+    loader = importlib.machinery.SourceFileLoader("gpufleet_worker_recycle", str(path))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    monkeypatch.setattr(module, "systemctl", lambda *a, check=True: "active\n")
+    return module, module.Agent(config, None, None, None, _http, _atomic, budget=_budget)
+
+
+def test_a_recycle_waits_for_the_deciders_drain_or_defers(lab, tmp_path, monkeypatch):
+    """worker_recycle's drain where the pool has a decider: the node's agent holds it
+    (`up #hold-recycle`, what the real agent answers for its recycle request: test_lb_agent_budget),
+    and the recycle goes on once the decider's metrics say it drained the node; with the budget
+    spent it is deferred, its request withdrawn; metrics that cannot be read are no drain."""
+    pool, agents, decider = lab
+    decider.start()
+    request = tmp_path / "request.json"
+
+    def recycle(server, wait, url=None):
+        config = {
+            "balancer": {
+                "method": "agent",
+                "request_file": str(request),
+                "settle": 0,
+                "decider": {
+                    "url": url or "http://127.0.0.1:%d/metrics" % decider.port,
+                    "backend": "vllm_pool",
+                    "server": server,
+                    "wait": wait,
+                },
+            }
+        }
+        module, agent = load_recycler(monkeypatch, config)
+        return module, agent
+
+    module, node1 = recycle("node1", BOUND)
+    agents["node1"].line = "up #hold-recycle"
+    node1.balancer("drain")
+    assert drained(pool) == ["node1"] and json.loads(request.read_text())["state"] == "drain"
+    assert decider.series("gpufleet_pool_budget_held") == {"node1": 1.0}
+
+    # one drain of four within the window: node2's recycle is refused for now, and deferred
+    module, node2 = recycle("node2", 5)
+    agents["node2"].line = "up #hold-recycle"
+    with pytest.raises(module.Deferred, match=r"the pool's budget refused the drain for now \(recycle\) within 5s"):
+        node2.balancer("drain")
+    assert not request.exists() and drained(pool) == ["node1"]
+
+    module, node3 = recycle("node3", 1, url="http://127.0.0.1:%d/metrics" % free_port())
+    with pytest.raises(module.Deferred, match="cannot read http://127.0.0.1"):
+        node3.balancer("drain")
+    assert not request.exists()
+
+
 def test_a_malformed_state_stops_the_decider(lab, tmp_path):
     _pool, _agents, decider = lab
     decider.state.parent.mkdir(parents=True, exist_ok=True)

@@ -98,6 +98,7 @@ def tree(*names):
                 "common/_http.py",
                 "common/_textfile.py",
                 "lb/__init__.py",
+                "lb/_budget.py",
                 "lb/_haproxy.py",
                 "serving/__init__.py",
                 "serving/_recycle.py",

@@ -385,8 +385,25 @@ def test_a_bad_config_is_refused(tmp_path, over, why):
 
 
 class FakeAPI:
-    def __init__(self, servers):
+    """The runtime API of one HAProxy process (``pid``; ``restart()`` starts another, whose servers
+    come from the configuration: every drain undone)."""
+
+    def __init__(self, servers, clock=None):
         self._servers, self.sent = servers, []
+        self.clock, self.pid, self.started = clock, 4242, 900
+
+    def info(self):
+        """As HAProxy 2.8 and later say it (Start_time_sec), or as 2.6 does (Uptime_sec only) where
+        the test gives the clock."""
+        info = {"Name": "HAProxy", "Pid": str(self.pid)}
+        if self.clock is None:
+            return dict(info, Uptime_sec="100", Start_time_sec=str(self.started))
+        return dict(info, Uptime_sec=str(int(self.clock() - self.started)))
+
+    def restart(self):
+        self.pid, self.started = self.pid + 1, self.clock()
+        for s in self._servers.values():
+            s["state"] = "ready"
 
     def servers(self, backend):
         assert backend == "vllm_pool"
@@ -445,3 +462,105 @@ def test_a_server_drained_again_within_the_window_counts_once():
     rec = Recorder()
     plan, _c, _n = poll(state, servers, answers, budget, 1010.0, rec)
     assert plan.forget and rec.sent == [("node1", "drain")] and list(state.pending) == ["node2"]
+
+
+def test_a_restart_of_haproxy_drains_the_held_servers_again_without_a_second_share(tmp_path):
+    """HAProxy restarted from its configuration (which cannot say drain) after the window of the
+    first drain passed, while a second drain spends the budget: both are drained again, neither
+    counted anew, and the state file names the new process."""
+    config = B.load_config(_config(tmp_path, window=30))
+    now = [1000.0]
+    api = FakeAPI(pool("node1", "node2", "node3", "node4"), clock=lambda: now[0])
+    lines = {"node1": "up #hold-xid", "node2": "up", "node3": "up", "node4": "up"}
+    decider = B.Decider(config, api, ask=lambda servers: {n: lines[n] for n in servers}, clock=lambda: now[0])
+    decider.poll()
+    lines["node2"] = "up #hold-gate-failed"
+    now[0] = 1040.0  # the first drain's window is over: the second may go
+    decider.poll()
+    assert api.sent == [("node1", "drain"), ("node2", "drain")]
+    assert B.load(config["state_file"], "vllm_pool").haproxy == {"pid": 4242, "started": 900.0}
+
+    now[0] = 1050.0
+    api.restart()
+    plan = decider.poll()
+    assert sorted(plan.redrain) == ["node1", "node2"] and not plan.drain and not plan.refuse, plan
+    assert sorted(api.sent[2:]) == [("node1", "drain"), ("node2", "drain")]
+    saved = B.load(config["state_file"], "vllm_pool")
+    assert saved.haproxy == {"pid": 4243, "started": 1050.0}
+    assert saved.held == {
+        "node1": {"reason": "xid", "since": 1000.0},
+        "node2": {"reason": "gate-failed", "since": 1040.0},
+    }
+    assert [d["server"] for d in saved.drains] == ["node2"]  # node1's drain is past its window still
+    # the next poll of the same process: nothing more
+    assert not decider.poll().redrain and len(api.sent) == 4
+
+
+def test_a_held_server_set_ready_without_a_restart_is_the_operators():
+    state = B.State("vllm_pool", haproxy={"pid": 1, "started": 900.0})
+    budget = B.Budget(0.25, 1, 600)
+    servers = pool("node1", "node2", "node3", "node4")
+    answers = {"node1": HOLD, "node2": UP, "node3": UP, "node4": UP}
+    poll(state, servers, answers, budget, 1000.0)
+    servers["node1"]["state"] = "ready"  # an operator's `set server vllm_pool/node1 state ready`
+    plan = B.decide(state, servers, answers, budget, 1010.0, haproxy_restarted=False)
+    assert plan.forget and not plan.redrain
+    # a restart while the node recovered (its agent says up): nothing to drain again
+    servers["node1"]["state"] = "ready"
+    recovered = dict(answers, node1=UP)
+    plan = B.decide(
+        B.State("vllm_pool", held={"node1": {"reason": "xid", "since": 1000.0}}),
+        servers,
+        recovered,
+        budget,
+        1010.0,
+        haproxy_restarted=True,
+    )
+    assert not plan.redrain and plan.forget
+
+
+def test_after_a_restart_min_kept_still_holds():
+    """Two servers, both held by an earlier decision that min_kept allowed while others served; after
+    a restart with one server left serving, only what keeps one in rotation is drained again."""
+    budget = B.Budget(1.0, 1, 600)
+    held = {"node1": {"reason": "xid", "since": 1000.0}, "node2": {"reason": "xid", "since": 1000.0}}
+    state = B.State("vllm_pool", held=held, haproxy={"pid": 1, "started": 900.0})
+    servers = pool("node1", "node2")
+    answers = {"node1": HOLD, "node2": HOLD}
+    plan = B.decide(state, servers, answers, budget, 1010.0, haproxy_restarted=True)
+    assert plan.redrain == ["node1"] and plan.refuse == [("node2", HOLD[1])], plan
+
+
+@pytest.mark.parametrize(
+    "info, process",
+    [
+        ({"Pid": "7", "Uptime_sec": "40"}, {"pid": 7, "started": 960.0}),
+        ({"Pid": "7", "Uptime_sec": "40", "Start_time_sec": "955"}, {"pid": 7, "started": 955.0}),
+    ],
+)
+def test_which_haproxy_answers(info, process):
+    assert B.haproxy_process(info, 1000.0) == process
+    assert not B.restarted(None, process) and not B.restarted(dict(process), process)
+    assert B.restarted(dict(process, pid=8), process)
+    assert B.restarted(dict(process, started=process["started"] - 100), process)
+
+
+def test_show_info_without_a_pid_is_an_error():
+    with pytest.raises(B.BudgetError, match="no Pid and Uptime_sec"):
+        B.haproxy_process({"Name": "HAProxy"}, 1000.0)
+
+
+def test_standing_reads_one_servers_series_by_name_and_labels():
+    text = (
+        "# TYPE gpufleet_pool_budget_held gauge\n"
+        'gpufleet_pool_budget_held{backend="vllm_pool",reason="recycle",server="node1"} 1.0\n'
+        'gpufleet_pool_budget_held{backend="other_pool",reason="xid",server="node2"} 1.0\n'
+        "# TYPE gpufleet_pool_budget_pending gauge\n"
+        'gpufleet_pool_budget_pending{backend="vllm_pool",reason="gate-failed",server="node3"} 1.0\n'
+    )
+    assert B.standing(text, "vllm_pool", "node1") == ("held", "recycle")
+    assert B.standing(text, "vllm_pool", "node2") == (None, None)  # another backend's
+    assert B.standing(text, "vllm_pool", "node3") == ("pending", "gate-failed")
+    assert B.standing("", "vllm_pool", "node1") == (None, None)
+    with pytest.raises(ValueError):
+        B.standing("this is { not metrics", "vllm_pool", "node1")

@@ -265,6 +265,43 @@ def test_agent_leaves_the_node_drained_when_health_does_not_come_back(agent_env,
     assert status["failures"] == 1 and status["recycles"] == 0 and "stays drained" in status["error"]
 
 
+def test_a_recycle_the_pools_budget_refuses_is_deferred_not_failed(agent_env, tmp_path, monkeypatch):
+    """balancer method agent with the pool's decider: the decider's metrics (prometheus_client's
+    exposition, as gpufleet-pool-decider serves it) say the removal is pending, so the run withdraws
+    its drain request, restarts nothing, counts no failure, and the next run judges again."""
+    agent, config, calls, rss, clock = agent_env
+    from ansible_collections.gpufleet.node.plugins.module_utils.lb import _budget
+
+    pending = (
+        "# HELP gpufleet_pool_budget_pending 1 while a removal waits for the budget.\n"
+        "# TYPE gpufleet_pool_budget_pending gauge\n"
+        'gpufleet_pool_budget_pending{backend="vllm_pool",reason="recycle",server="node1"} 1.0\n'
+    )
+    decider = MetricsServer([pending])
+    request = tmp_path / "request.json"
+    config["balancer"] = {
+        "method": "agent",
+        "request_file": str(request),
+        "settle": 0,
+        "decider": {"url": decider.url + "/metrics", "backend": "vllm_pool", "server": "node1", "wait": 0},
+    }
+    monkeypatch.setattr(
+        agent, "systemctl", lambda *a, check=True: "MainPID=4242\nControlGroup=\n" if a[0] == "show" else "active\n"
+    )
+    run = agent.Agent(config, vm, rc, hx, web, files, budget=_budget)
+    codes = []
+    with decider:
+        for _ in range(5):
+            rss["value"] += 200 * MiB
+            codes.append(run.run())
+            clock["t"] += 60
+    assert codes == [0] * 5 and not request.exists()
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["recycle"] and not status["recycled"] and status["failures"] == 0, status
+    assert "the pool's budget refused the drain for now (recycle)" in status["deferred"], status
+    assert json.loads((tmp_path / "state.json").read_text())["history"], "the window is kept: judged again"
+
+
 def test_agent_command_method(agent_env, tmp_path):
     agent, config, calls, rss, clock = agent_env
     marks = tmp_path / "marks"

@@ -20,9 +20,15 @@ as a candidate, and counts it out of rotation for the ``min_kept`` rule.
 
 The decider lifts only the drains it made itself (``set server B/S state ready`` once the agent
 says plain ``up``): an operator's drain or maintenance is never touched. Its state (what it
-drained, when and why; the refused removals) is a JSON file written atomically (common/_atomic),
-so that a restart keeps it; a file that cannot be read as that state is an error, never a silent
-reset (the decider would forget which servers it drained).
+drained, when and why; the refused removals; which HAProxy process it last read) is a JSON file
+written atomically (common/_atomic), so that a restart keeps it; a file that cannot be read as
+that state is an error, never a silent reset (the decider would forget which servers it drained).
+
+A restart or reload of HAProxy starts every server from its configuration file, which cannot say
+``drain``: the servers the decider held are back in rotation. The decider tells that from an
+operator's ``set server ... state ready`` by the process that answers (``show info``: its ``Pid``
+and start time) and drains them again, as the drains they already were (no second share of the
+budget, the same ``since``), while ``min_kept`` allows.
 
 Plain Python 3.8+ standard library, no Ansible: run on the balancer by the decider's daemon from
 the copy of module_utils its role installs, and by the unit tests.
@@ -108,15 +114,19 @@ class State:
     drains: [{"server", "at"}]: its drains within the window (what the budget counts);
     pending: {server: {"reason", "since"}}: removals the budget refused, retried every poll;
     refused: {(server, reason): count}: refusals so far (a counter: a removal counts once each
-    time it becomes pending). Times are epoch seconds (a restart keeps their meaning).
+    time it becomes pending);
+    haproxy: {"pid", "started"} of the HAProxy process the last poll read (:func:`haproxy_process`),
+    or None before the first (a state file of an earlier release has none).
+    Times are epoch seconds (a restart keeps their meaning).
     """
 
-    def __init__(self, backend, held=None, drains=None, pending=None, refused=None):
+    def __init__(self, backend, held=None, drains=None, pending=None, refused=None, haproxy=None):
         self.backend = backend
         self.held = dict(held or {})
         self.drains = list(drains or [])
         self.pending = dict(pending or {})
         self.refused = dict(refused or {})
+        self.haproxy = haproxy
 
     def to_dict(self):
         return {
@@ -129,6 +139,7 @@ class State:
                 {"server": server, "reason": reason, "count": count}
                 for (server, reason), count in sorted(self.refused.items())
             ],
+            "haproxy": self.haproxy,
         }
 
     def dump(self):
@@ -182,7 +193,15 @@ class State:
             ):
                 raise bad("refused holds an entry that is not {server, reason, count}")
             refused[(entry["server"], entry["reason"])] = entry["count"]
-        return cls(backend, held, drains, pending, refused)
+        haproxy = data.get("haproxy")
+        if haproxy is not None and not (
+            isinstance(haproxy, dict)
+            and isinstance(haproxy.get("pid"), int)
+            and not isinstance(haproxy.get("pid"), bool)
+            and _is_number(haproxy.get("started"))
+        ):
+            raise bad("haproxy is not {pid, started}")
+        return cls(backend, held, drains, pending, refused, haproxy)
 
 
 def _is_number(value):
@@ -222,6 +241,31 @@ def in_rotation(server):
     return server.get("state") == "ready" and server.get("op_state") == "running"
 
 
+#: Seconds two readings of one HAProxy process's start time may differ by (``Uptime_sec`` counts
+#: whole seconds, and a poll takes a while).
+START_TOLERANCE = 30.0
+
+
+def haproxy_process(info, now):
+    """``{"pid", "started"}`` of the HAProxy process that answered ``show info`` (``info``:
+    lb/_haproxy.RuntimeAPI.info): its ``Pid`` and its start, ``Start_time_sec`` where HAProxy
+    reports it (2.8 and later), else ``now`` less ``Uptime_sec``."""
+    try:
+        pid = int(info["Pid"])
+        started = float(info["Start_time_sec"]) if "Start_time_sec" in info else now - float(info["Uptime_sec"])
+    except (KeyError, ValueError) as exc:
+        raise BudgetError("HAProxy's `show info` gives no Pid and Uptime_sec (%s): %r" % (exc, info)) from None
+    return {"pid": pid, "started": round(started, 1)}
+
+
+def restarted(before, process):
+    """Whether ``process`` (haproxy_process) is another HAProxy than ``before`` (None: unknown, as
+    on the first poll: not a restart)."""
+    if before is None:
+        return False
+    return before["pid"] != process["pid"] or abs(before["started"] - process["started"]) > START_TOLERANCE
+
+
 def spent(state, budget, now):
     """The servers that count against the budget: those the decider drained within the window
     (held still or returned since: a drain is spent when it is made)."""
@@ -230,7 +274,8 @@ def spent(state, budget, now):
 
 class Plan:
     """What one poll decides: ``drain`` and ``refuse`` as [(server, reason)], ``ready`` as
-    [server] (a drain of the decider's to lift), ``forget`` as [(server, why)] (a server the
+    [server] (a drain of the decider's to lift), ``redrain`` as [server] (a drain of the decider's
+    that a restart of HAProxy undid, made again), ``forget`` as [(server, why)] (a server the
     decider no longer holds: gone from the backend, or put in another state by an operator)."""
 
     def __init__(self, servers, budget):
@@ -241,32 +286,51 @@ class Plan:
         self.drain = []
         self.refuse = []
         self.ready = []
+        self.redrain = []
         self.forget = []
 
     def __repr__(self):
-        return "Plan(drain=%r, refuse=%r, ready=%r, forget=%r)" % (self.drain, self.refuse, self.ready, self.forget)
+        return "Plan(drain=%r, refuse=%r, ready=%r, redrain=%r, forget=%r)" % (
+            self.drain,
+            self.refuse,
+            self.ready,
+            self.redrain,
+            self.forget,
+        )
 
 
-def decide(state, servers, answers, budget, now):
+def decide(state, servers, answers, budget, now, haproxy_restarted=False):
     """The plan of one poll.
 
     servers: {name: server} of the backend (RuntimeAPI.servers: ``state``, ``op_state``);
     answers: {name: (kind, word)} of each server's agent (parse_answer; a server with no agent or
-    no answer is ``("none", None)``). Nothing is changed here (see apply).
+    no answer is ``("none", None)``); haproxy_restarted: another HAProxy process answers than at
+    the last poll (:func:`restarted`). Nothing is changed here (see apply).
     """
     plan = Plan(len(servers), budget)
+    undone = []  # held servers that HAProxy's restart put back in rotation
     for name in sorted(state.held):
         server = servers.get(name)
+        kind = answers.get(name, ("none", None))[0]
         if server is None:
             plan.forget.append((name, "gone from backend %s" % state.backend))
+        elif server.get("state") == "ready" and haproxy_restarted and kind != "up":
+            undone.append(name)
         elif server.get("state") != "drain":
             # an operator changed it (maint, ready): theirs from now on
             plan.forget.append((name, "its state is %s now, set by someone else" % server.get("state")))
-        elif answers.get(name, ("none", None))[0] == "up":
+        elif kind == "up":
             plan.ready.append(name)
+    left = sum(1 for name, s in servers.items() if in_rotation(s) and answers.get(name, ("none",))[0] != "down")
+    for name in undone:
+        serving = in_rotation(servers[name]) and answers.get(name, ("none",))[0] != "down"
+        if not serving or left - 1 >= budget.min_kept:
+            plan.redrain.append(name)
+            left -= 1 if serving else 0
+        else:  # a candidate again, refused below like any other that min_kept stops
+            plan.forget.append((name, "HAProxy restarted, and draining it again would leave too few in rotation"))
     counted = spent(state, budget, now)
     holding = set(state.held) - {name for name, _why in plan.forget}
-    left = sum(1 for name, s in servers.items() if in_rotation(s) and answers.get(name, ("none",))[0] != "down")
     candidates = [
         (name, answers[name][1])
         for name, server in servers.items()
@@ -303,6 +367,16 @@ def apply(state, plan, set_state, now, log=None):
             continue
         reason = state.held.pop(name)["reason"]
         log("returned %s/%s to rotation: its agent says up (held for %s)" % (state.backend, name, reason))
+    for name in plan.redrain:
+        try:
+            set_state(name, "drain")
+        except Exception as exc:
+            log("could not drain %s/%s again after HAProxy's restart: %s" % (state.backend, name, exc))
+            continue
+        log(
+            "drained %s/%s again: HAProxy restarted from its configuration, which cannot keep a drain "
+            "(held for %s since %d)" % (state.backend, name, state.held[name]["reason"], state.held[name]["since"])
+        )
     for name, reason in plan.drain:
         try:
             set_state(name, "drain")
@@ -402,12 +476,19 @@ class Decider:
         """One poll; returns its plan. HAProxy's errors (lb/_haproxy.HAProxyError) propagate: the
         caller logs them and polls again."""
         now = self.clock()
+        process = haproxy_process(self.api.info(), now)
         servers = self.api.servers(self.backend)
         answers = {name: parse_answer(line) for name, line in self.ask(servers).items()}
-        plan = decide(self.state, servers, answers, self.budget, now)
+        again = restarted(self.state.haproxy, process)
+        plan = decide(self.state, servers, answers, self.budget, now, again)
         changed, _new = apply(
             self.state, plan, lambda name, to: self.api.set_state(self.backend, name, to), now, self.log
         )
+        if again:
+            self.log("HAProxy restarted (pid %d, was %d)" % (process["pid"], self.state.haproxy["pid"]))
+        if again or self.state.haproxy is None:
+            self.state.haproxy = process
+            changed = True
         self.snapshot = self._snapshot(len(servers))
         # a save that failed (OSError: the disk, the directory) is tried again at every poll
         self.unsaved = self.unsaved or changed
@@ -425,6 +506,40 @@ class Decider:
             "pending": {n: r["reason"] for n, r in self.state.pending.items()},
             "refused": dict(self.state.refused),
         }
+
+
+# --- what the decider says of a server (read by the nodes) -------------------------------------------------
+#: The decider's series of one server: 1 while it holds the server drained / while a removal waits.
+HELD_SERIES = "gpufleet_pool_budget_held"
+PENDING_SERIES = "gpufleet_pool_budget_pending"
+
+
+def standing(text, backend, server):
+    """What the decider's metrics (the text of its ``/metrics``) say of one server of ``backend``:
+    ``("held", reason)`` (it drained the server), ``("pending", reason)`` (the budget refused the
+    removal for now) or ``(None, None)`` (neither: not judged yet). Parsed by prometheus_client's
+    parser, by name and labels; text that is not an exposition raises ValueError."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = sample.labels
+                if (
+                    sample.name in (HELD_SERIES, PENDING_SERIES)
+                    and labels.get("backend") == backend
+                    and labels.get("server") == server
+                    and sample.value == 1
+                ):
+                    found[sample.name] = labels.get("reason", "")
+    except (TypeError, IndexError) as exc:
+        raise ValueError("not Prometheus text exposition: %s" % exc) from None
+    if HELD_SERIES in found:
+        return "held", found[HELD_SERIES]
+    if PENDING_SERIES in found:
+        return "pending", found[PENDING_SERIES]
+    return None, None
 
 
 # --- the configuration --------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import os
 import tempfile
 import time
 
+from ansible_collections.gpufleet.node.plugins.module_utils.lb import _budget
 from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import (
     HAProxyError,
     RuntimeAPI,
@@ -200,6 +201,19 @@ def _show(server):
     return f"{server['address']}:{server['port']} state={server['state']}{agent}\n"
 
 
+def _held_for_decider(p, before, agent):
+    """The word of a budgeted fault (``gpu-health-failed``...) where the pool's decider, not this
+    run, is to drain the server: ``budgeted`` asked, a drain asked, the server in rotation, and its
+    agent answering ``up #hold-WORD`` (lb/_budget.parse_answer) now. None otherwise: the drain is
+    made."""
+    if not (p.get("budgeted") and p["state"] == "drained" and agent and before is not None):
+        return None
+    if not _budget.in_rotation(before):
+        return None
+    kind, word = _budget.parse_answer(_budget.ask_agent(agent["address"], agent["port"], timeout=p["timeout"]))
+    return word if kind == "hold" else None
+
+
 def reconcile(p, check_mode, want_diff, check):
     """Take the server to ``p["state"]`` (the module's options ``p``); returns the result, or raises
     MemberError with the message and the result of a failed task. Nothing changes in check mode.
@@ -228,14 +242,22 @@ def reconcile(p, check_mode, want_diff, check):
     except HAProxyError as exc:
         raise MemberError(f"nothing changed: {exc}", **nothing) from None
 
-    cmds = plan(before, p["state"], backend, name, p["address"], p["port"], p["check"], agent)
+    held = _held_for_decider(p, before, agent)
+    if held:
+        return dict(
+            changed=False, before=before, after=before, commands=[], config_changed=False, held_for_decider=held
+        )
+    port = p["port"]
+    if p.get("keep_port") and p["state"] == "drained" and before is not None:
+        port = before["port"]  # the port the server has: the run does not know the real one
+    cmds = plan(before, p["state"], backend, name, p["address"], port, p["check"], agent)
 
     config_before = config_after = None
     if p["config_file"]:
         try:
             with open(p["config_file"]) as f:
                 config_before = f.read()
-            line = None if p["state"] == "absent" else server_line(name, p["address"], p["port"], p["check"], agent)
+            line = None if p["state"] == "absent" else server_line(name, p["address"], port, p["check"], agent)
             config_after = config_with_server(config_before, backend, name, line)
         except (OSError, HAProxyError) as exc:
             raise MemberError(
@@ -273,10 +295,15 @@ def reconcile(p, check_mode, want_diff, check):
             ) from None
         after = _servers_or_none(api, backend, name)
     elif cmds:
-        after = _predicted(before, p, agent)
+        after = _predicted(before, dict(p, port=port), agent)
 
     result = dict(
-        changed=bool(cmds) or config_changed, before=before, after=after, commands=cmds, config_changed=config_changed
+        changed=bool(cmds) or config_changed,
+        before=before,
+        after=after,
+        commands=cmds,
+        config_changed=config_changed,
+        held_for_decider=None,
     )
     if p["state"] == "present" and p["up_timeout"] > 0 and not check_mode:
         failure = _wait_up(api, backend, name, p["up_timeout"], result)

@@ -27,7 +27,10 @@ the node's journal, standard error here, and stay in the gate's JSON):
                              anything else keeps the node out too (its engine does not serve, its
                              marker is not of this boot)
     drain up #<word>         the node asked to be drained (--request, e.g. by its worker-recycle
-                             timer before a restart); `maint` likewise
+                             timer before a restart); `maint` likewise. With --budgeted, a
+                             `drain` whose reason is one of those words (`recycle` by default)
+                             while nothing else keeps the node out is `up #hold-<word>`
+                             instead: the decider drains it within the pool's budget
     ready up                 the node asked to return, until the request's `until` (epoch s)
 
 `down` takes the server out of rotation whatever its health check says; `up` lets the health
@@ -152,6 +155,11 @@ def answer(marker, boot_id, request=None, health=None, probe=None, probe_interva
     else:
         (word, reasons), hold = _readiness.agent_verdict(marker, boot_id, health, **probed), None
     state, why = read_request(request)
+    if budgeted and state == "drain" and why in budgeted and not (word and not hold):
+        # the node's own drain (worker_recycle) is a removal like a fault's: the decider's, within
+        # the budget, so that every node recycling at once cannot empty the pool
+        hold, state = hold or why, None
+        reasons = [*reasons, "the node asked to be drained (%s)" % why]
     words = [state] if state else []
     words.append("down" if word and not hold else "up")
     if hold:

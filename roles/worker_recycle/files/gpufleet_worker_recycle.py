@@ -12,11 +12,18 @@ running" - restarts the server, waits for /health and returns the node. By defau
 (balancer method `agent`) it drains by asking the node's own HAProxy agent to report `drain` (a
 request file under /run) and returns it with `ready`: the node needs no access to the balancer.
 
+Where the pool has a decider (gpufleet-pool-decider, the balancer's removal budget; the config's
+``balancer.decider``), the agent holds the node for it (``up #hold-recycle``) and the decider drains
+it within the budget: the recycle waits until the decider's metrics say it holds the node
+(``gpufleet_pool_budget_held``), at most ``decider.wait`` seconds. A drain the budget refused (or
+metrics that cannot be read: unreadable is not drained) defers the recycle: the request is
+withdrawn, nothing is restarted, and the next run tries again.
+
     python3 /usr/local/lib/gpufleet/gpufleet_worker_recycle.py [--config /etc/gpufleet/worker-recycle.json]
         [--dry-run]
 
-Exit status: 0 (sampled, maybe recycled), 1 (a recycle failed: the node is left drained), 2 (bad
-configuration).
+Exit status: 0 (sampled, maybe recycled or deferred by the pool's budget), 1 (a recycle failed:
+the node is left drained), 2 (bad configuration).
 """
 
 import argparse
@@ -97,12 +104,17 @@ def load_state(path):
         return {}
 
 
+class Deferred(Exception):
+    """The pool's decider did not drain the node in time: the recycle waits for a later run."""
+
+
 class Agent:
     """vm, rc, hx, web, files: the collection's _vllm_metrics, _recycle, _haproxy, _http and
     _atomic (the role installs them in the lib dir, under ``TREE``)."""
 
-    def __init__(self, config, vm, rc, hx, web, files, dry_run=False):
+    def __init__(self, config, vm, rc, hx, web, files, dry_run=False, budget=None):
         self.cfg = config
+        self.budget = budget  # module_utils lb/_budget, to read the pool's decider
         self.vm = vm
         self.rc = rc
         self.hx = hx
@@ -135,6 +147,8 @@ class Agent:
             settle = float(bal.get("settle", 5))
             log("balancer: asked the node's HAProxy agent to report %s" % state, request=bal["request_file"])
             time.sleep(settle)  # the balancer asks the agent every few seconds
+            if state == "drain" and bal.get("decider"):
+                self.wait_for_decider(bal["decider"], bal["request_file"])
             return
         if method == "runtime_api":
             api = self.hx.RuntimeAPI(bal["endpoint"], timeout=float(bal.get("timeout", 5)))
@@ -149,6 +163,37 @@ class Agent:
             log("balancer: ran %s" % argv[0], step=state)
             return
         raise RuntimeError("unknown balancer method %r" % method)
+
+    def wait_for_decider(self, decider, request_file):
+        """Return once the pool's decider holds this node drained; else withdraw the drain request
+        and raise Deferred saying why (refused by the budget, not judged yet, metrics unreadable)."""
+        deadline = time.monotonic() + float(decider.get("wait", 60))
+        while True:
+            try:
+                status, text = fetch(self.web, decider["url"], 5)
+                if status != 200:
+                    raise RuntimeError("HTTP %s" % status)
+                standing, reason = self.budget.standing(text, decider["backend"], decider["server"])
+            except Exception as exc:  # unreadable is not drained
+                standing, reason = "unreadable", "cannot read %s: %s" % (decider["url"], exc)
+            if standing == "held":
+                log("balancer: the pool's decider drained the node (%s)" % reason, decider=decider["url"])
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(1)
+        try:
+            os.unlink(request_file)
+        except FileNotFoundError:
+            pass
+        why = {
+            "pending": "the pool's budget refused the drain for now (%s)" % reason,
+            "unreadable": reason,
+        }.get(standing, "the pool's decider has not drained the node")
+        raise Deferred(
+            "%s within %ss; the drain request is withdrawn and nothing restarted: the next run tries again"
+            % (why, decider.get("wait", 60))
+        )
 
     def running_requests(self):
         """How many requests the server runs, from its /metrics; raises when that cannot be read
@@ -248,6 +293,15 @@ class Agent:
             self.drain = None
             try:
                 self.cycle()
+            except Deferred as exc:
+                log("recycle: deferred: %s" % exc)
+                verdict.update(recycled=False, deferred=str(exc))
+            except Exception as exc:
+                state["failures"] = state.get("failures", 0) + 1
+                log("recycle: FAILED: %s" % exc)
+                verdict.update(recycled=False, error=str(exc))
+                code = 1
+            else:
                 state.update(
                     recycles=state.get("recycles", 0) + 1,
                     last_recycle=time.time(),
@@ -257,11 +311,6 @@ class Agent:
                     last_recycle_kind=verdict["classification"],
                 )
                 verdict["recycled"] = True
-            except Exception as exc:
-                state["failures"] = state.get("failures", 0) + 1
-                log("recycle: FAILED: %s" % exc)
-                verdict.update(recycled=False, error=str(exc))
-                code = 1
             if self.drain is not None:
                 verdict["drain"] = self.drain
         self.finish(state, verdict)
@@ -302,6 +351,7 @@ def main(argv=None):
         sys.path.insert(0, lib_dir)
         from ansible_collections.gpufleet.node.plugins.module_utils.common import _atomic as files
         from ansible_collections.gpufleet.node.plugins.module_utils.common import _http as web
+        from ansible_collections.gpufleet.node.plugins.module_utils.lb import _budget as budget
         from ansible_collections.gpufleet.node.plugins.module_utils.lb import _haproxy as hx
         from ansible_collections.gpufleet.node.plugins.module_utils.serving import _recycle as rc
         from ansible_collections.gpufleet.node.plugins.module_utils.serving import _vllm_metrics as vm
@@ -319,7 +369,7 @@ def main(argv=None):
             file=sys.stderr,
         )
         return 2
-    return Agent(config, vm, rc, hx, web, files, dry_run=args.dry_run).run()
+    return Agent(config, vm, rc, hx, web, files, dry_run=args.dry_run, budget=budget).run()
 
 
 if __name__ == "__main__":

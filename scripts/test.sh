@@ -20,7 +20,8 @@ bash tests/vllm_parser/setup.sh || failed+=("vllm-parser venv")
 # whose playbook runs wait on the nodes as much as they compute) start at once; the other lane runs
 # the static checks (ruff, ansible-lint, ansible-test sanity), then every other test. (pytest-xdist's
 # loadgroup cannot keep the session lab's tests on one worker under pytest 9.) pytest's exit status
-# 5 is "nothing selected" for one lane.
+# 5 is "nothing selected" for one lane. The lane's static checks write their status to $static_rc_file,
+# its pytest's is the lane's own.
 static_and_rest() {
   local rc=0
   echo "== ruff (ruff.toml)"
@@ -35,26 +36,22 @@ static_and_rest() {
   python -m pytest -p no:cacheprovider --durations=20 -m "not needs_lab" "$@"
   local pytest_rc=$?
   echo "== exit: static checks $rc, pytest $pytest_rc"
-  return $((rc ? 64 : pytest_rc))
+  echo "$rc" >"$static_rc_file"
+  return "$pytest_rc"
 }
 rest_log=$(mktemp)
+static_rc_file=$(mktemp)
 static_and_rest "$@" >"$rest_log" 2>&1 &
 rest=$!
 echo "== pytest, the tests that boot labs"
 python -m pytest -p no:cacheprovider --durations=20 -m needs_lab "$@"
 labs_rc=$?
 wait "$rest"
-rest_rc=$?
-rest_log_text=$(<"$rest_log")
+rest_pytest_rc=$?
 cat "$rest_log"
-rm -f "$rest_log"
-# static_and_rest says 64 for failed static checks; its own pytest's status is then in its log.
-static_rc=0 rest_pytest_rc=$rest_rc
-if ((rest_rc == 64)); then
-  static_rc=1
-  rest_pytest_rc=$(sed -n 's/^== exit: static checks [0-9]*, pytest \([0-9]*\)$/\1/p' <<<"$rest_log_text")
-  rest_pytest_rc=${rest_pytest_rc:-1}
-fi
+static_rc=$(<"$static_rc_file")
+static_rc=${static_rc:-1} # no status written: the lane died before its end
+rm -f "$rest_log" "$static_rc_file"
 ((static_rc == 0)) || failed+=("static checks (ruff, ansible-lint or sanity: see above)")
 if ((labs_rc == 5 && rest_pytest_rc == 5)); then
   failed+=("pytest (no test selected)")

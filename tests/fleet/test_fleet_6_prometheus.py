@@ -134,12 +134,13 @@ def test_prometheus_sees_the_converged_fleet(converged):
     if not (Path(prom["drift_dir"]) / "gpufleet_drift.prom").exists():
         run = fleet.drift(drift_dir=prom["drift_dir"], label="drift.yml --check --diff (for the dashboard)")
         assert (Path(prom["drift_dir"]) / "gpufleet_drift.prom").exists(), run.explain()
+    # the session's lab runs without the pool's decider (gpufleet_pool_budget off on its
+    # balancer): its panels are evaluated in tests/fleet/test_fleet_12_budget.py's lab
+    with_decider = st["balancer"].get("pool_decider") == "running"
     deadline = time.monotonic() + 20
     while True:
         results = evaluate_dashboard(url)
-        if st["balancer"].get("pool_decider") != "running":
-            # the session's lab runs without the pool's decider (gpufleet_pool_budget off on its
-            # balancer): its panels are evaluated in tests/fleet/test_fleet_12_budget.py's lab
+        if not with_decider:
             results = {k: v for k, v in results.items() if "gpufleet_pool_budget_" not in k[1]}
         empty = {k: v for k, v in results.items() if not isinstance(v, int) or v < 1}
         if not empty or time.monotonic() > deadline:

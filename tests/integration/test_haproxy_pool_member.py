@@ -86,14 +86,6 @@ class Balancer:
         return RuntimeAPI(self.sock).servers("vllm_pool")
 
 
-@pytest.fixture
-def balancer(tmp_path):
-    lb = Balancer(tmp_path)
-    lb.start()
-    yield lb
-    lb.stop()
-
-
 def member(lb, **kw):
     return dict(
         {

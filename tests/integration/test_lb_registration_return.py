@@ -21,21 +21,13 @@ import pytest
 from ansible_collections.gpufleet.node.plugins.module_utils.lb._haproxy import RuntimeAPI
 from tests.harness.http import FakeHTTP
 from tests.harness.playbook import one_role_playbook, run_playbook
-from tests.integration.test_haproxy_pool_member import Agent, Balancer, free_port
+from tests.integration.test_haproxy_pool_member import Agent, free_port
 
 pytestmark = pytest.mark.skipif(not shutil.which("haproxy"), reason="haproxy is not installed")
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "roles/lb_registration/files/gpufleet_lb_agent.py"
 NODE = "node7"
-
-
-@pytest.fixture
-def balancer(tmp_path):
-    lb = Balancer(tmp_path)
-    lb.start()
-    yield lb
-    lb.stop()
 
 
 def _role(tmp_path, env, tasks_from, extra, *args):

@@ -194,6 +194,7 @@ def test_serving_node_with_recycle_timer(lab):
         "request_file": REQUEST,
         "settle": 2.5,
         "ready_hold": 20.0,
+        "decider": None,  # the session lab's balancer runs no pool decider (gpufleet_pool_budget off)
     }
     assert pool_state(lab) == (0, "running")  # in the pool, admin state ready, UP through health and agent
     # idempotence and check mode: tests/integration/test_ops_role.py

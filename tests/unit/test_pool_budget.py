@@ -548,19 +548,3 @@ def test_which_haproxy_answers(info, process):
 def test_show_info_without_a_pid_is_an_error():
     with pytest.raises(B.BudgetError, match="no Pid and Uptime_sec"):
         B.haproxy_process({"Name": "HAProxy"}, 1000.0)
-
-
-def test_standing_reads_one_servers_series_by_name_and_labels():
-    text = (
-        "# TYPE gpufleet_pool_budget_held gauge\n"
-        'gpufleet_pool_budget_held{backend="vllm_pool",reason="recycle",server="node1"} 1.0\n'
-        'gpufleet_pool_budget_held{backend="other_pool",reason="xid",server="node2"} 1.0\n'
-        "# TYPE gpufleet_pool_budget_pending gauge\n"
-        'gpufleet_pool_budget_pending{backend="vllm_pool",reason="gate-failed",server="node3"} 1.0\n'
-    )
-    assert B.standing(text, "vllm_pool", "node1") == ("held", "recycle")
-    assert B.standing(text, "vllm_pool", "node2") == (None, None)  # another backend's
-    assert B.standing(text, "vllm_pool", "node3") == ("pending", "gate-failed")
-    assert B.standing("", "vllm_pool", "node1") == (None, None)
-    with pytest.raises(ValueError):
-        B.standing("this is { not metrics", "vllm_pool", "node1")

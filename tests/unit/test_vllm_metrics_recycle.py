@@ -392,3 +392,23 @@ def test_agent_drain_wait_when_metrics_has_no_running_requests_gauge(agent_env, 
         "has no running-requests gauge (vllm:num_requests_running or llamacpp:requests_processing)"
         in (drain["last_error"])
     )
+
+
+def test_standing_reads_one_servers_series_by_name_and_labels():
+    """What the recycle reads of the pool's decider (lb/_budget.standing: prometheus_client's parser,
+    which the recycle needs anyway; the stdlib-only budget tests run on the nodes' Pythons too)."""
+    from ansible_collections.gpufleet.node.plugins.module_utils.lb import _budget
+
+    text = (
+        "# TYPE gpufleet_pool_budget_held gauge\n"
+        'gpufleet_pool_budget_held{backend="vllm_pool",reason="recycle",server="node1"} 1.0\n'
+        'gpufleet_pool_budget_held{backend="other_pool",reason="xid",server="node2"} 1.0\n'
+        "# TYPE gpufleet_pool_budget_pending gauge\n"
+        'gpufleet_pool_budget_pending{backend="vllm_pool",reason="gate-failed",server="node3"} 1.0\n'
+    )
+    assert _budget.standing(text, "vllm_pool", "node1") == ("held", "recycle")
+    assert _budget.standing(text, "vllm_pool", "node2") == (None, None)  # another backend's
+    assert _budget.standing(text, "vllm_pool", "node3") == ("pending", "gate-failed")
+    assert _budget.standing("", "vllm_pool", "node1") == (None, None)
+    with pytest.raises(ValueError):
+        _budget.standing("this is { not metrics", "vllm_pool", "node1")

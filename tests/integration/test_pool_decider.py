@@ -305,18 +305,13 @@ def test_a_budgeted_drain_leaves_a_held_server_to_the_decider(lab, run_module):
 
 
 def load_recycler(monkeypatch, config):
-    """worker_recycle's node agent (gpufleet_worker_recycle.py) with this config, systemctl faked
-    (the node's HAProxy agent socket active)."""
-    import importlib.machinery
-    import importlib.util
-
+    """worker_recycle's node agent (gpufleet_worker_recycle.py, loaded as its unit tests load it)
+    with this config, systemctl faked (the node's HAProxy agent socket active)."""
     from ansible_collections.gpufleet.node.plugins.module_utils.common import _atomic, _http
     from ansible_collections.gpufleet.node.plugins.module_utils.lb import _budget
+    from tests.unit.test_vllm_metrics_recycle import load_agent
 
-    path = REPO / "roles" / "worker_recycle" / "files" / "gpufleet_worker_recycle.py"
-    loader = importlib.machinery.SourceFileLoader("gpufleet_worker_recycle", str(path))
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
-    loader.exec_module(module)
+    module = load_agent()
     monkeypatch.setattr(module, "systemctl", lambda *a, check=True: "active\n")
     return module, module.Agent(config, None, None, None, _http, _atomic, budget=_budget)
 

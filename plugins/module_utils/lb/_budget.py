@@ -308,25 +308,30 @@ def decide(state, servers, answers, budget, now, haproxy_restarted=False):
     the last poll (:func:`restarted`). Nothing is changed here (see apply).
     """
     plan = Plan(len(servers), budget)
+
+    def kind(name):
+        return answers.get(name, ("none", None))[0]
+
+    def serving(name):  # in rotation, and its agent does not take it out by itself
+        return in_rotation(servers[name]) and kind(name) != "down"
+
     undone = []  # held servers that HAProxy's restart put back in rotation
     for name in sorted(state.held):
         server = servers.get(name)
-        kind = answers.get(name, ("none", None))[0]
         if server is None:
             plan.forget.append((name, "gone from backend %s" % state.backend))
-        elif server.get("state") == "ready" and haproxy_restarted and kind != "up":
+        elif server.get("state") == "ready" and haproxy_restarted and kind(name) != "up":
             undone.append(name)
         elif server.get("state") != "drain":
             # an operator changed it (maint, ready): theirs from now on
             plan.forget.append((name, "its state is %s now, set by someone else" % server.get("state")))
-        elif kind == "up":
+        elif kind(name) == "up":
             plan.ready.append(name)
-    left = sum(1 for name, s in servers.items() if in_rotation(s) and answers.get(name, ("none",))[0] != "down")
+    left = sum(1 for name in servers if serving(name))
     for name in undone:
-        serving = in_rotation(servers[name]) and answers.get(name, ("none",))[0] != "down"
-        if not serving or left - 1 >= budget.min_kept:
+        if not serving(name) or left - 1 >= budget.min_kept:
             plan.redrain.append(name)
-            left -= 1 if serving else 0
+            left -= 1 if serving(name) else 0
         else:  # a candidate again, refused below like any other that min_kept stops
             plan.forget.append((name, "HAProxy restarted, and draining it again would leave too few in rotation"))
     counted = spent(state, budget, now)
@@ -334,7 +339,7 @@ def decide(state, servers, answers, budget, now, haproxy_restarted=False):
     candidates = [
         (name, answers[name][1])
         for name, server in servers.items()
-        if name not in holding and in_rotation(server) and answers.get(name, ("none",))[0] == "hold"
+        if name not in holding and in_rotation(server) and kind(name) == "hold"
     ]
     # the removals refused earliest go first, then by name
     candidates.sort(key=lambda c: (state.pending[c[0]]["since"] if c[0] in state.pending else now, c[0]))

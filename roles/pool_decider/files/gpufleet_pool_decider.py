@@ -47,9 +47,10 @@ class Metrics:
     """A prometheus_client collector of the decider's latest snapshot (no stale label sets: each
     scrape says what is pending and held now)."""
 
-    def __init__(self, decider, status):
+    def __init__(self, decider, status, budget):
         self.decider = decider
         self.status = status
+        self.budget = budget  # module_utils lb/_budget: the series the nodes read have their names there
 
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -65,14 +66,14 @@ class Metrics:
         for (server, reason), count in sorted(snap["refused"].items()):
             refused.add_metric([backend, server, reason], count)
         pending = GaugeMetricFamily(
-            "gpufleet_pool_budget_pending",
+            self.budget.PENDING_SERIES,
             "1 while a removal the budget refused waits (retried every poll).",
             labels=labels,
         )
         for server, reason in sorted(snap["pending"].items()):
             pending.add_metric([backend, server, reason], 1)
         held = GaugeMetricFamily(
-            "gpufleet_pool_budget_held", "1 while the decider holds the server drained.", labels=labels
+            self.budget.HELD_SERIES, "1 while the decider holds the server drained.", labels=labels
         )
         for server, reason in sorted(snap["held"].items()):
             held.add_metric([backend, server, reason], 1)
@@ -95,11 +96,11 @@ class Metrics:
         return metrics
 
 
-def serve_metrics(decider, status, address, port):
+def serve_metrics(decider, status, address, port, budget):
     from prometheus_client import CollectorRegistry, start_http_server
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(Metrics(decider, status))
+    registry.register(Metrics(decider, status, budget))
     start_http_server(port, addr=address or "0.0.0.0", registry=registry)
 
 
@@ -129,7 +130,7 @@ def main(argv=None):
     status = {"ok": False}
     if config["metrics_port"] and not args.once:
         try:
-            serve_metrics(decider, status, config["metrics_address"], config["metrics_port"])
+            serve_metrics(decider, status, config["metrics_address"], config["metrics_port"], _budget)
         except (OSError, ImportError) as exc:
             log(
                 "cannot serve metrics on %s:%s: %s (the Python library prometheus-client: Debian "

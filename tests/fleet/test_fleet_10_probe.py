@@ -159,7 +159,7 @@ def test_a_saturated_node_stays_in_rotation(fleet, converged, tmp_path):
     thread.start()
     answers, states, verdicts = set(), set(), set()
     while not done.is_set():
-        answers.add(fleet.agent(node))
+        answers.add(fleet.agent_verdict(node))
         states.add(fleet.pool().get(node, {}).get("op_state"))
         verdicts.add(_record(fleet, node)["verdict"])
         time.sleep(0.5)

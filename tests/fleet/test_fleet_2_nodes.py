@@ -149,7 +149,7 @@ def test_agent_tells_the_balancer_only(converged):
     assert (
         converged.sh(node, "systemctl show -p Listen --value gpufleet-lb-agent.socket").split()[0] == f"{address}:9777"
     )
-    assert converged.agent(node) == "up"
+    assert converged.agent_verdict(node) == "up"
     out = converged.sh(
         node,
         "ip addr add 198.51.100.7/32 dev lo && "
@@ -164,7 +164,7 @@ def test_agent_tells_the_balancer_only(converged):
     assert not any(boot_id in a for a in answers)
     state = converged.unit_state(node, "gpufleet-lb-agent.socket")
     assert (state["ActiveState"], state["SubState"], state["Result"]) == ("active", "listening", "success"), state
-    assert converged.agent(node) == "up"
+    assert converged.agent_verdict(node) == "up"
     assert converged.wait_pool(lambda p: p[node]["op_state"] == "running")[node]["op_state"] == "running"
 
 
@@ -219,7 +219,7 @@ def test_marker_is_for_the_current_boot(converged, node, registered):
 def test_registration_state(converged, node, registered):
     address = converged.nodes[node]["address"]
     if registered:
-        assert converged.agent(node) == "up"
+        assert converged.agent_verdict(node) == "up"
         # HAProxy's health check reaches /health and the agent says up: the server goes up
         pool = converged.wait_pool(lambda p: p.get(node, {}).get("op_state") == "running")
         assert pool.get(node, {}).get("state") == "ready", pool

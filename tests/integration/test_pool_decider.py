@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(not shutil.which("haproxy"), reason="haproxy is 
 REPO = Path(__file__).resolve().parents[2]
 DECIDER = REPO / "roles" / "pool_decider" / "files" / "gpufleet_pool_decider.py"
 NODES = ("node1", "node2", "node3", "node4")
-WINDOW = 12.0  # long enough for the restart below to happen within it
+WINDOW = 12.0  # the decider's window where a test waits for it to pass
 BOUND = 30.0  # seconds for anything the decider must have done (it polls every 0.3 s)
 
 
@@ -105,7 +105,16 @@ class Decider:
         self.log = tmp_path / "decider.log"
         self.proc = None
 
+    @property
+    def window(self):
+        return json.loads(self.config.read_text())["window"]
+
+    def configure(self, **changes):
+        """Changes to its configuration, before start()."""
+        self.config.write_text(json.dumps(dict(json.loads(self.config.read_text()), **changes)))
+
     def start(self):
+        """Started, its metrics served and its first poll made (the budget's series exist)."""
         self.proc = subprocess.Popen(
             [sys.executable, str(self.script), "--config", str(self.config)],
             stdin=subprocess.DEVNULL,
@@ -113,6 +122,7 @@ class Decider:
             stderr=open(self.log, "a"),
         )
         wait(lambda: self.metrics(quiet=True) is not None, "the decider's metrics")
+        wait(lambda: self.series("gpufleet_pool_budget_servers"), "the decider's first poll")
 
     def stop(self):
         if self.proc and self.proc.poll() is None:
@@ -172,6 +182,7 @@ def drained(pool):
 
 def test_budget_refusals_restart_and_return(lab):
     pool, agents, decider = lab
+    decider.configure(window=30.0)  # one the decider's restart below fits in, however loaded the machine
     decider.start()
     wait(lambda: all(a.asked for a in agents.values()), "HAProxy and the decider to ask every agent")
     assert drained(pool) == [] and decider.series("gpufleet_pool_budget_limit") == {None: 1.0}
@@ -206,17 +217,21 @@ def test_budget_refusals_restart_and_return(lab):
     assert sorted(decider.series("gpufleet_pool_budget_pending")) == sorted(pending)
 
     # the window frees the budget: the removal refused first goes, the first one still held
-    both = wait(
-        lambda: len(drained(pool)) == 2 and drained(pool), "the next removal as the window frees", WINDOW + BOUND
-    )
+    def next_removal():  # in HAProxy and, once the poll is over, in the decider's metrics
+        out = drained(pool)
+        return len(out) == 2 and len(decider.series("gpufleet_pool_budget_pending")) == 1 and out
+
+    both = wait(next_removal, "the next removal as the window frees", decider.window + BOUND)
     (second,) = set(both) - {first}
     assert second in pending and sorted(decider.series("gpufleet_pool_budget_pending")) == sorted(
         set(pending) - {second}
     )
     # the first node is cleared: the decider returns it (its own drain), the second stays held
     agents[first].line = "up"
-    wait(lambda: drained(pool) == [second], "the held server's return")
-    assert decider.series("gpufleet_pool_budget_held") == {second: 1.0}
+    wait(
+        lambda: drained(pool) == [second] and decider.series("gpufleet_pool_budget_held") == {second: 1.0},
+        "the held server's return, in HAProxy and in the decider's metrics",
+    )
 
 
 def test_an_operators_drain_stays_and_a_down_agent_is_not_the_deciders(lab):
@@ -225,9 +240,8 @@ def test_an_operators_drain_stays_and_a_down_agent_is_not_the_deciders(lab):
     RuntimeAPI(pool.sock).set_state("vllm_pool", "node4", "drain")  # the operator's
     agents["node3"].line = "down #engine-wedged"  # cannot serve: HAProxy takes it out by itself
     wait(lambda: pool.servers()["node3"]["op_state"] != "running", "HAProxy's agent check to take node3 down")
-    polls = decider.series("gpufleet_pool_budget_servers")
     wait(lambda: all(a.asked > 2 for a in agents.values()), "a few polls")
-    assert polls and pool.states() == {"node1": "ready", "node2": "ready", "node3": "ready", "node4": "drain"}
+    assert pool.states() == {"node1": "ready", "node2": "ready", "node3": "ready", "node4": "drain"}
     assert decider.series("gpufleet_pool_budget_held") == {}
 
     # with node3 down and node4 drained, two are left: a hold on both drains one (min one kept)
@@ -260,8 +274,10 @@ def test_a_restart_of_haproxy_keeps_the_deciders_drains(lab):
     assert decider.series("gpufleet_pool_budget_pending") == {}
     assert decider.series("gpufleet_pool_budget_held") == {"node1": 1.0, "node2": 1.0}
     assert "HAProxy restarted" in decider.log.read_text() and "drained vllm_pool/node1 again" in decider.log.read_text()
-    state = json.loads(decider.state.read_text())
-    assert state["haproxy"]["pid"] == int(pool.pidfile.read_text().split()[0])
+    pid = int(pool.pidfile.read_text().split()[0])
+    wait(
+        lambda: json.loads(decider.state.read_text())["haproxy"]["pid"] == pid, "the state file to name the new HAProxy"
+    )
 
 
 def test_a_budgeted_drain_leaves_a_held_server_to_the_decider(lab, run_module):
@@ -322,6 +338,7 @@ def test_a_recycle_waits_for_the_deciders_drain_or_defers(lab, tmp_path, monkeyp
     and the recycle goes on once the decider's metrics say it drained the node; with the budget
     spent it is deferred, its request withdrawn; metrics that cannot be read are no drain."""
     pool, agents, decider = lab
+    decider.configure(window=300.0)  # node2's refusal below holds however long the steps take
     decider.start()
     request = tmp_path / "request.json"
 

@@ -119,6 +119,29 @@ def test_four_servers_three_holds_one_drained_two_pending():
     assert plan.refuse == [("node2", "gpu-health-failed"), ("node3", "gpu-health-failed")]
 
 
+def test_a_pending_removal_whose_agent_does_not_answer_stays_pending_and_is_not_recounted():
+    """An agent that times out once (a loaded node, its socket-activated agent slow to start) has
+    not withdrawn its hold: the removal stays pending with its first refusal's time, and its next
+    answer is not a new refusal. An answer of plain up withdraws it."""
+    budget = B.Budget(0.25, 1, 600)
+    state = B.State("vllm_pool")
+    servers = pool("node1", "node2", "node3", "node4")
+    answers = {"node1": HOLD, "node2": HOLD, "node3": UP, "node4": UP}
+    poll(state, servers, answers, budget, 1000.0, Recorder())
+    servers["node1"]["state"] = "drain"
+    assert state.pending == {"node2": {"reason": "gpu-health-failed", "since": 1000.0}}
+
+    silent = dict(answers, node2=("none", None))
+    plan, changed, new = poll(state, servers, silent, budget, 1002.0, Recorder())
+    assert plan.unanswered == ["node2"] and plan.refuse == [] and new == [] and not changed
+    assert state.pending == {"node2": {"reason": "gpu-health-failed", "since": 1000.0}}
+    _plan, _changed, new = poll(state, servers, answers, budget, 1004.0, Recorder())
+    assert new == [] and state.refused == {("node2", "gpu-health-failed"): 1}
+
+    _plan, changed, _new = poll(state, servers, dict(answers, node2=UP), budget, 1006.0, Recorder())
+    assert changed and state.pending == {}
+
+
 def test_the_window_passes_then_the_next_pending_is_drained():
     budget = B.Budget(0.25, 1, 30)
     state = B.State("vllm_pool")
@@ -494,6 +517,42 @@ def test_a_restart_of_haproxy_drains_the_held_servers_again_without_a_second_sha
     assert [d["server"] for d in saved.drains] == ["node2"]  # node1's drain is past its window still
     # the next poll of the same process: nothing more
     assert not decider.poll().redrain and len(api.sent) == 4
+
+
+class RestartingAPI(FakeAPI):
+    """HAProxy restarts while the decider reads its servers, ``restarts`` times in a row."""
+
+    def __init__(self, servers, clock, restarts):
+        super().__init__(servers, clock)
+        self.restarts = restarts
+
+    def servers(self, backend):
+        found = super().servers(backend)
+        if self.restarts:
+            self.restarts -= 1
+            self.restart()
+            found = super().servers(backend)  # the new process's: every drain undone
+        return found
+
+
+def test_a_restart_between_the_reads_of_a_poll_is_read_again(tmp_path):
+    """The servers of a process that started after ``show info`` answered are not taken for the old
+    one's (they would read as held servers set ready by an operator, and be forgotten): the poll
+    reads again, sees the restart and drains them again."""
+    config = B.load_config(_config(tmp_path, window=30))
+    now = [1000.0]
+    api = RestartingAPI(pool("node1", "node2", "node3", "node4"), lambda: now[0], restarts=0)
+    lines = {"node1": "up #hold-xid", "node2": "up", "node3": "up", "node4": "up"}
+    decider = B.Decider(config, api, ask=lambda servers: {n: lines[n] for n in servers}, clock=lambda: now[0])
+    decider.poll()
+    now[0], api.restarts = 1010.0, 1
+    plan = decider.poll()
+    assert plan.redrain == ["node1"] and not plan.forget and decider.state.held["node1"]["since"] == 1000.0, plan
+
+    api.restarts = 3  # a balancer restarting at every read: an error, the state untouched
+    with pytest.raises(B.BudgetError, match="HAProxy's process changed at each of 3 reads of backend vllm_pool"):
+        decider.poll()
+    assert list(decider.state.held) == ["node1"]
 
 
 def test_a_held_server_set_ready_without_a_restart_is_the_operators():

@@ -276,7 +276,9 @@ class Plan:
     """What one poll decides: ``drain`` and ``refuse`` as [(server, reason)], ``ready`` as
     [server] (a drain of the decider's to lift), ``redrain`` as [server] (a drain of the decider's
     that a restart of HAProxy undid, made again), ``forget`` as [(server, why)] (a server the
-    decider no longer holds: gone from the backend, or put in another state by an operator)."""
+    decider no longer holds: gone from the backend, or put in another state by an operator),
+    ``unanswered`` as [server] (a pending removal whose agent did not answer this poll: it stays
+    pending, as it was, and is neither a new refusal nor withdrawn)."""
 
     def __init__(self, servers, budget):
         self.servers = servers
@@ -288,14 +290,16 @@ class Plan:
         self.ready = []
         self.redrain = []
         self.forget = []
+        self.unanswered = []
 
     def __repr__(self):
-        return "Plan(drain=%r, refuse=%r, ready=%r, redrain=%r, forget=%r)" % (
+        return "Plan(drain=%r, refuse=%r, ready=%r, redrain=%r, forget=%r, unanswered=%r)" % (
             self.drain,
             self.refuse,
             self.ready,
             self.redrain,
             self.forget,
+            self.unanswered,
         )
 
 
@@ -352,6 +356,8 @@ def decide(state, servers, answers, budget, now, haproxy_restarted=False):
             left -= 1
         else:
             plan.refuse.append((name, reason))
+    # an agent that did not answer (timed out, restarting) has not withdrawn its hold
+    plan.unanswered = sorted(n for n in state.pending if n in servers and in_rotation(servers[n]) and kind(n) == "none")
     return plan
 
 
@@ -409,7 +415,7 @@ def apply(state, plan, set_state, now, log=None):
             "%d kept in rotation): retried at every poll"
             % (state.backend, name, reason, plan.limit, plan.servers, plan.window, plan.min_kept)
         )
-    for name in [n for n in state.pending if n not in refused_now]:
+    for name in [n for n in state.pending if n not in refused_now and n not in plan.unanswered]:
         del state.pending[name]
     # drains older than the window no longer count
     state.drains = [d for d in state.drains if now - d["at"] < plan.window]
@@ -481,8 +487,7 @@ class Decider:
         """One poll; returns its plan. HAProxy's errors (lb/_haproxy.HAProxyError) propagate: the
         caller logs them and polls again."""
         now = self.clock()
-        process = haproxy_process(self.api.info(), now)
-        servers = self.api.servers(self.backend)
+        process, servers = self._read(now)
         answers = {name: parse_answer(line) for name, line in self.ask(servers).items()}
         again = restarted(self.state.haproxy, process)
         plan = decide(self.state, servers, answers, self.budget, now, again)
@@ -501,6 +506,17 @@ class Decider:
             save(self.state_file, self.state)
             self.unsaved = False
         return plan
+
+    def _read(self, now, tries=3):
+        """HAProxy's process and the backend's servers as that one process has them: a restart
+        between the two reads (the servers of the new process, all of them ready, taken for the
+        old one's) is read again."""
+        for _ in range(tries):
+            process = haproxy_process(self.api.info(), now)
+            servers = self.api.servers(self.backend)
+            if haproxy_process(self.api.info(), now)["pid"] == process["pid"]:
+                return process, servers
+        raise BudgetError("HAProxy's process changed at each of %d reads of backend %s" % (tries, self.backend))
 
     def _snapshot(self, servers):
         return {

@@ -134,17 +134,25 @@ def test_role_installs_agent_units_and_no_swap_drop_in(ansible_env, tmp_path):
     assert recap(again)["changed"] == 0, again.stdout
 
 
+DECIDER = {"url": "http://node7:9778/metrics", "backend": "vllm_pool", "server": "node7", "wait": 60.0}
+
+
 @pytest.mark.parametrize(
-    "budget, decider",
+    "budget, node, decider",
     [
-        (True, {"url": "http://node7:9778/metrics", "backend": "vllm_pool", "server": "node7", "wait": 60.0}),
-        (False, None),
+        (True, {}, DECIDER),
+        (False, {}, None),
+        # the node's agent answers a recycle with a plain drain, which the decider never holds
+        (True, {"lb_registration_budgeted": False}, None),
+        (True, {"lb_registration_budgeted_words": ["gpu-health-failed", "gate-failed"]}, None),
     ],
+    ids=["budget", "no-budget", "agent-not-budgeted", "recycle-not-budgeted"],
 )
-def test_where_the_balancer_runs_the_pools_decider_a_recycle_waits_for_it(ansible_env, tmp_path, budget, decider):
+def test_where_the_balancer_runs_the_pools_decider_a_recycle_waits_for_it(ansible_env, tmp_path, budget, node, decider):
     """The balancer host's gpufleet_pool_budget decides, as it does for the node's agent: the recycle
-    waits for the decider's drain at the balancer's decider port, or drains through the agent alone."""
-    extra = variables(tmp_path, gpufleet_lb_host="node7", gpufleet_pool_budget=budget)
+    waits for the decider's drain at the balancer's decider port, or drains through the agent alone,
+    as it does where the node's agent does not hold a recycle for the decider."""
+    extra = variables(tmp_path, gpufleet_lb_host="node7", gpufleet_pool_budget=budget, **node)
     proc = play(ansible_env, extra)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     config = json.loads((tmp_path / "host/etc/gpufleet/worker-recycle.json").read_text())

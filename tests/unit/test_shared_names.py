@@ -115,6 +115,9 @@ _REVIEWED_FOLLOWS = {
     ("roles/worker_recycle/defaults/main.yml", "lb_registration_socket"),
     ("roles/worker_recycle/defaults/main.yml", "lb_registration_address"),
     ("roles/worker_recycle/defaults/main.yml", "lb_registration_config_file"),
+    # ... and waits for the pool's decider only where that agent holds a recycle for it
+    ("roles/worker_recycle/defaults/main.yml", "lb_registration_budgeted"),
+    ("roles/worker_recycle/defaults/main.yml", "lb_registration_budgeted_words"),
     # the pool the nodes register in and the recycle judge's slope, which the alerts follow
     ("roles/monitoring/defaults/main.yml", "lb_registration_backend"),
     ("roles/monitoring/defaults/main.yml", "worker_recycle_rss_slope_mib_per_min"),

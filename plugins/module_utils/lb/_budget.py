@@ -511,7 +511,7 @@ class Decider:
         """HAProxy's process and the backend's servers as that one process has them: a restart
         between the two reads (the servers of the new process, all of them ready, taken for the
         old one's) is read again."""
-        for _ in range(tries):
+        for _try in range(tries):
             process = haproxy_process(self.api.info(), now)
             servers = self.api.servers(self.backend)
             if haproxy_process(self.api.info(), now)["pid"] == process["pid"]:

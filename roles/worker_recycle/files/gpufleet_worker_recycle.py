@@ -109,8 +109,9 @@ class Deferred(Exception):
 
 
 class Agent:
-    """vm, rc, hx, web, files: the collection's _vllm_metrics, _recycle, _haproxy, _http and
-    _atomic (the role installs them in the lib dir, under ``TREE``)."""
+    """vm, rc, hx, web, files, budget: the collection's _vllm_metrics, _recycle, _haproxy, _http,
+    _atomic and _budget (the role installs them in the lib dir, under ``TREE``; budget reads the
+    pool's decider where the balancer config names one)."""
 
     def __init__(self, config, vm, rc, hx, web, files, dry_run=False, budget=None):
         self.cfg = config

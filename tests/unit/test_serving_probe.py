@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _readiness
-from ansible_collections.gpufleet.node.plugins.module_utils.serving import _probe
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _probe, _probe_record
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "vllm-metrics"
 BOOT = "2b95257e-cc50-4a2b-8260-36f6af9dc4dc"
@@ -157,8 +157,8 @@ def test_the_request_is_one_token_and_priority_only_when_asked():
 
 def test_max_age_covers_the_longest_cycle():
     # interval 5, deadline 10: a cycle of at most 10 + 2 x 5 s of scrapes; two of them and 5 s
-    assert _probe.max_age(5, 10) == 45.0
-    assert _probe.max_age(60, 2) == 125.0
+    assert _probe_record.max_age(5, 10) == 45.0
+    assert _probe_record.max_age(60, 2) == 125.0
 
 
 # -- the record and the readiness rule -----------------------------------------------------------
@@ -166,7 +166,7 @@ def files(tmp_path, probe=None, raw=None, marker=True):
     (tmp_path / "boot_id").write_text(BOOT + "\n")
     if marker:
         (tmp_path / "nccl-gate.json").write_text(json.dumps({"boot_id": BOOT, "passed": True}))
-    path = tmp_path / _probe.RECORD_FILE
+    path = tmp_path / _probe_record.RECORD_FILE
     if raw is not None:
         path.write_text(raw)
     elif probe is not None:
@@ -184,11 +184,11 @@ def verdict(tmp_path, probe=None, raw=None, max_age=45.0, marker=True):
 
 
 def rec(verdict_, reason="r", boot_id=BOOT, age=1.0):
-    return _probe.record(verdict_, reason, boot_id, 0.01, "vllm", 5.0, 10.0, now=NOW - age)
+    return _probe_record.record(verdict_, reason, boot_id, 0.01, "vllm", 5.0, 10.0, now=NOW - age)
 
 
 def test_record_fields():
-    assert tuple(rec("serving")) == _probe.RECORD_FIELDS
+    assert tuple(rec("serving")) == _probe_record.RECORD_FIELDS
 
 
 @pytest.mark.parametrize("kept", ["serving", "busy"])
@@ -214,7 +214,7 @@ def test_serving_and_busy_keep_the_node_in(tmp_path, kept):
 )
 def test_what_keeps_the_node_out(tmp_path, probe, raw, word, reason):
     got_word, reasons = verdict(tmp_path, probe, raw)
-    path = str(tmp_path / _probe.RECORD_FILE)
+    path = str(tmp_path / _probe_record.RECORD_FILE)
     assert got_word == word and len(reasons) == 1 and reason.format(path=path) in reasons[0], reasons
 
 

@@ -13,7 +13,7 @@ gpu_health role at every boot and by the node's gpufleet-gpu-health-watch when a
 serving) counts only when it carries the current boot id: then anything but ``"passed": true``
 keeps the node out, as does a verdict file that cannot be read. No verdict, or one of an earlier
 boot, leaves the decision to the gate's marker. Where the node runs the serving prober
-(lb_registration), the agent also reads its record (serving/_probe, beside the marker): an engine
+(lb_registration), the agent also reads its record (serving/_probe_record, beside the marker): an engine
 that is wedged or down, or a record missing, stale or unreadable, keeps the node out.
 
 The records the gate writes are built here too, beside the rule that reads them (``gate_records``:
@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 
-from ansible_collections.gpufleet.node.plugins.module_utils.serving import _probe
+from ansible_collections.gpufleet.node.plugins.module_utils.serving import _probe_record
 
 #: The GPU health verdict's file name, beside the gate's marker.
 HEALTH_FILE = "gpu-health.json"
@@ -197,7 +197,7 @@ def agent_verdict(marker_path, boot_id_path, health_path=None, probe_path=None, 
     every reason in full (what the agent logs to the node's journal).
 
     ``health_path`` defaults to :func:`health_path_for` the marker. ``probe_path``: the serving
-    probe's record (serving/_probe), read where the node's prober runs; then a record of this
+    probe's record (serving/_probe_record), read where the node's prober runs; then a record of this
     boot, at most ``probe_max_age`` seconds old, must say the engine serves (``serving`` or
     ``busy``): ``engine-wedged``, ``engine-down``, ``probe-missing``, ``probe-stale`` and
     ``probe-unreadable`` otherwise. Without it the engine is not judged here (no prober: the
@@ -242,7 +242,7 @@ def agent_words(
         return words[:1], reasons
     if probe_path:
         record, problem = _read_json_object(probe_path, "serving probe record")
-        word, reason = _probe.record_problem(record, problem, boot_id, probe_path, probe_max_age, now)
+        word, reason = _probe_record.record_problem(record, problem, boot_id, probe_path, probe_max_age, now)
         if word:
             words.append(word)
             reasons.append(reason)

@@ -31,9 +31,8 @@ down       refused, an answer other than 200, or metrics that cannot be read aft
            (unreadable is not healthy)
 =========  ===================================================================================
 
-The probe record (:func:`record`, written by the prober, JSON, beside the NCCL gate's marker) and
-its judgement (:func:`record_problem`, used by the readiness rule in ``nccl/_readiness``, which
-reads the file as it reads the marker) live here together. Standard library only besides the optional
+The probe record the prober writes, and its judgement by the readiness rule, are
+``serving/_probe_record`` (standard library only: the balancer's agent reads it on every check). Standard library only besides the optional
 prometheus_client; no Ansible. Runs on the node's Python 3.9+.
 """
 
@@ -50,14 +49,6 @@ try:
     from prometheus_client.parser import text_string_to_metric_families
 except ImportError:  # the sample lines are read below
     text_string_to_metric_families = None
-
-#: The probe record's file name, beside the gate's marker (gpufleet_probe_record_path).
-RECORD_FILE = "serving-probe.json"
-VERDICTS = ("serving", "busy", "wedged", "down")
-#: The verdicts that keep a node in rotation.
-SERVES = ("serving", "busy")
-#: The record's fields.
-RECORD_FIELDS = ("boot_id", "time", "verdict", "reason", "elapsed_s", "backend", "interval_s", "timeout_s")
 
 #: figure -> the metric names of each backend (the first one a scrape has wins).
 GENERATED = ("vllm:generation_tokens_total", "llamacpp:tokens_predicted_total")
@@ -205,53 +196,3 @@ def probe(base_url, model, api_key=None, timeout=10.0, priority=None, clock=time
         problem = before_problem or after_problem or problem
     verdict, reason = judge(answered, before, after, timed_out, problem)
     return verdict, reason, elapsed
-
-
-def max_age(interval, timeout):
-    """Seconds after which a probe record is stale: two of the prober's longest cycles (a scrape
-    before and after the completion, each bounded by 5 s or the deadline, the completion's deadline,
-    or the interval when that is longer) and a margin. Older, the prober has stopped."""
-    cycle = max(float(interval), float(timeout) + 2 * min(float(timeout), 5.0))
-    return 2 * cycle + 5.0
-
-
-def record(verdict, reason, boot_id, elapsed=None, backend=None, interval=None, timeout=None, now=None):
-    """The probe record as the prober writes it (JSON object)."""
-    return {
-        "boot_id": boot_id,
-        "time": round(time.time() if now is None else now, 3),
-        "verdict": verdict,
-        "reason": reason,
-        "elapsed_s": elapsed,
-        "backend": backend or None,
-        "interval_s": interval,
-        "timeout_s": timeout,
-    }
-
-
-def record_problem(data, problem, boot_id, path, max_age, now=None):
-    """``(word, reason)`` of why the probe record keeps the node out, ``(None, None)`` when it
-    says the engine serves (``serving`` or ``busy``, of this boot, not older than ``max_age``)."""
-    if problem:
-        return "probe-unreadable", problem
-    if data is None:
-        return "probe-missing", "no serving probe record at %s: the prober has not probed since boot" % path
-    stamp = data.get("time")
-    if data.get("boot_id") != boot_id or isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
-        return "probe-stale", "the serving probe record at %s is not of this boot" % path
-    age = (time.time() if now is None else now) - stamp
-    if not math.isfinite(age) or age > max_age:
-        return "probe-stale", "the serving probe record at %s is %.0f s old (at most %g s): is the prober running?" % (
-            path,
-            age,
-            max_age,
-        )
-    verdict = data.get("verdict")
-    if verdict in SERVES:
-        return None, None
-    reason = data.get("reason") if isinstance(data.get("reason"), str) else "no reason recorded"
-    if verdict == "wedged":
-        return "engine-wedged", "the serving probe finds the engine wedged: %s" % reason
-    if verdict == "down":
-        return "engine-down", "the serving probe finds the engine down: %s" % reason
-    return "probe-unreadable", "the serving probe record at %s has no verdict of %s" % (path, ", ".join(VERDICTS))

@@ -144,7 +144,7 @@ def answer(marker, boot_id, request=None, health=None, probe=None, probe_interva
 
     probed = {}
     if probe:
-        from ansible_collections.gpufleet.node.plugins.module_utils.serving._probe import max_age
+        from ansible_collections.gpufleet.node.plugins.module_utils.serving._probe_record import max_age
 
         probed = {"probe_path": probe, "probe_max_age": max_age(probe_interval, probe_timeout)}
     if budgeted:

@@ -6,8 +6,9 @@ Run by gpufleet-serving-probe.service (installed by the gpufleet.node.lb_registr
 --interval seconds it asks the node's server for one token (``POST /v1/completions``,
 ``max_tokens: 1``, the served model, the API key read from --api-key-file) with a deadline
 (--timeout), and samples the engine's own ``/metrics`` for forward progress. The rule is
-gpufleet.node's (module_utils ``serving/_probe``): ``serving``, ``busy`` (slow, but tokens are
-being generated for running or waiting requests), ``wedged`` (no answer, no progress) or ``down``.
+gpufleet.node's (module_utils ``serving/_probe``, its record ``serving/_probe_record``):
+``serving``, ``busy`` (slow, but tokens are being generated for running or waiting requests),
+``wedged`` (no answer, no progress) or ``down``.
 
 Each verdict goes, as JSON written atomically, to --record (beside the NCCL gate's marker under
 /run), with the boot id, the time and the reason; the node's HAProxy agent reads it (module_utils
@@ -39,15 +40,15 @@ def log(message):
 
 
 def load_rules():
-    """The collection's probe rule and what the prober needs besides (``_atomic``, ``_readiness``
-    for the boot id, ``_textfile`` for the metrics), from the copy of module_utils the role
-    installs beside this file."""
+    """The collection's probe rule (``_probe``) and its record (``_probe_record``), and what the
+    prober needs besides (``_atomic``, ``_readiness`` for the boot id, ``_textfile`` for the
+    metrics), from the copy of module_utils the role installs beside this file."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from ansible_collections.gpufleet.node.plugins.module_utils.common import _atomic, _textfile
     from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _readiness
-    from ansible_collections.gpufleet.node.plugins.module_utils.serving import _probe
+    from ansible_collections.gpufleet.node.plugins.module_utils.serving import _probe, _probe_record
 
-    return _atomic, _readiness, _probe, _textfile
+    return _atomic, _readiness, _probe, _probe_record, _textfile
 
 
 def read_key(path):
@@ -102,7 +103,7 @@ def textfile(builder, verdict, elapsed, stamp, deadline):
 
 def probe_once(args, rules, key, last=None):
     """Probe, write the record (and the textfile); returns the verdict."""
-    _atomic, _readiness, _probe, _textfile = rules
+    _atomic, _readiness, _probe, _probe_record, _textfile = rules
     try:
         boot_id = _readiness.read_boot_id(args.boot_id)
     except OSError as exc:
@@ -111,7 +112,7 @@ def probe_once(args, rules, key, last=None):
         if last is None:
             log("cannot read the boot id at %s: %s" % (args.boot_id, exc.strerror or exc))
     verdict, reason, elapsed = _probe.probe(args.url, args.model, key, args.timeout, args.priority)
-    record = _probe.record(verdict, reason, boot_id, elapsed, args.backend, args.interval, args.timeout)
+    record = _probe_record.record(verdict, reason, boot_id, elapsed, args.backend, args.interval, args.timeout)
     _atomic.write(args.record, json.dumps(record, sort_keys=True) + "\n")
     if args.textfile:
         _atomic.write(args.textfile, textfile(_textfile, verdict, elapsed, record["time"], args.timeout))

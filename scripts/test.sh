@@ -7,6 +7,11 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo" || exit 1
 bash scripts/setup.sh || exit 1
 export PATH="$repo/.venv/bin:$PATH" ANSIBLE_CONFIG="$repo/ansible.cfg"
+# Python's default, bytecode cached in __pycache__ (git-ignored), whatever the calling environment
+# says: with PYTHONDONTWRITEBYTECODE set (these machines set it), every ansible-playbook run, lab
+# command and stand-in call compiles the collection's and the lab's sources again, about 15 % of
+# the suite's CPU (docs/performance.md).
+unset PYTHONDONTWRITEBYTECODE
 # Every tier runs: a test whose prerequisite is missing (a lab that cannot boot, a package) fails
 # instead of skipping (tests/conftest.py).
 export GPUFLEET_TESTS_STRICT=1

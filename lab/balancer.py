@@ -22,6 +22,7 @@ false`` on lab-balancer: two serving nodes, a budget of none); a test turns it o
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
@@ -79,7 +80,8 @@ backend {backend}
 
 # Where role monitoring expects HAProxy's exporter (monitoring_haproxy_exporter_port).
 EXPORTER_PORT = 8405
-# The pool decider's metrics (gpufleet_pool_decider_port): this port where free, else any.
+# The pool decider's metrics (gpufleet_pool_decider_port): this port where free, else any
+# (reserve_port).
 DECIDER_PORT = 9778
 DECIDER_DIR = "pool-decider"
 
@@ -92,6 +94,33 @@ def free_port(preferred=0):
         except OSError:
             s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+#: The preferred ports the labs of this host took, one file per port naming the lab's state
+#: directory: HAProxy binds the exporter's a few seconds after `lab up` chose it, the decider its own
+#: only when site.yml installs it, minutes later, so a port that is free now may still be another
+#: lab's (two labs brought up at once, as the test command's lab lanes do).
+RESERVED_PORTS = Path("/run/gpufleet-lab/ports")
+
+
+def reserve_port(preferred, state):
+    """`preferred` for the lab at `state` where it is free and no other lab of this host holds it
+    (its state directory still has the `ssh` directory `lab up` makes and `down` removes), else any
+    free port."""
+    RESERVED_PORTS.mkdir(parents=True, exist_ok=True)
+    with open(RESERVED_PORTS / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        entry = RESERVED_PORTS / str(preferred)
+        try:
+            holder = Path(entry.read_text().strip())
+        except FileNotFoundError:
+            holder = None
+        if holder is not None and holder != Path(state) and (holder / "ssh").is_dir():
+            return free_port()
+        port = free_port(preferred)
+        if port == preferred:
+            entry.write_text(f"{state}\n")
+        return port
 
 
 class Balancer:
@@ -111,8 +140,8 @@ class Balancer:
             "backend": BACKEND,
             "frontend_port": free_port(),
             "stats_port": free_port(),
-            "exporter_port": free_port(EXPORTER_PORT),
-            "decider_port": free_port(DECIDER_PORT),
+            "exporter_port": reserve_port(EXPORTER_PORT, state),
+            "decider_port": reserve_port(DECIDER_PORT, state),
             "decider_dir": str(state / DECIDER_DIR),
             "address": "127.0.0.1",
         }

@@ -68,7 +68,9 @@ TIERS = ("unit", "integration", "lab", "fleet", "vllm_parser")
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the markers added here
 def pytest_collection_modifyitems(config, items):
     """Each test carries its tier's marker (its directory under tests/), and `needs_lab` when it
-    uses the session's lab: `pytest -m "not needs_lab"` runs everything that boots no lab."""
+    uses the session's lab: `pytest -m "not needs_lab"` runs everything that boots no lab. A test
+    marked `needs_lab` by its module that does not use the session's lab (a module's lab of its own)
+    carries `own_lab` too: `-m own_lab` and `-m "needs_lab and not own_lab"` split the labs in two."""
     tests_dir = Path(__file__).resolve().parent
     for item in items:
         try:
@@ -79,6 +81,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, tier))
         if "session_lab" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.needs_lab)
+        elif item.get_closest_marker("needs_lab") is not None:
+            item.add_marker(pytest.mark.own_lab)
 
 
 def _skips_fail():

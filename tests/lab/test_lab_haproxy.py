@@ -162,3 +162,21 @@ def test_config_server_lines(tmp_path):
     assert check.returncode == 0, check.stderr
     with pytest.raises(haproxy.HAProxyError, match="no backend other"):
         haproxy.config_servers(text, "other")
+
+
+def test_a_preferred_port_another_live_lab_reserved_is_not_taken(tmp_path, monkeypatch):
+    """Two labs brought up at once (the test command's two lab lanes): the first takes the preferred
+    port, the second, while the first lab's state is there, gets another free one; once the first is
+    down (its `ssh` directory gone) the port is the next lab's."""
+    monkeypatch.setattr(balancer, "RESERVED_PORTS", tmp_path / "ports")
+    preferred = balancer.free_port()
+    first, second = tmp_path / "first", tmp_path / "second"
+    for state in (first, second):
+        (state / "ssh").mkdir(parents=True)
+    assert balancer.reserve_port(preferred, first) == preferred
+    assert balancer.reserve_port(preferred, first) == preferred, "a lab's own reservation is its own"
+    other = balancer.reserve_port(preferred, second)
+    assert other != preferred and 0 < other < 65536
+    (first / "ssh").rmdir()
+    assert balancer.reserve_port(preferred, second) == preferred
+    assert (tmp_path / "ports" / str(preferred)).read_text() == f"{second}\n"

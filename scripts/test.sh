@@ -20,14 +20,13 @@ failed=()
 # runs on the same machine (and fresh clones there) reuse it. setup.sh builds it when missing.
 export GPUFLEET_VLLM_VENV=${GPUFLEET_VLLM_VENV:-$HOME/.cache/gpufleet/vllm-parser-venv-0.33.0}
 bash tests/vllm_parser/setup.sh || failed+=("vllm-parser venv")
-# Three lanes side by side; the output of the second and third is printed after the first's. The
-# tests on the session's lab (marker needs_lab) start at once, and beside them the tests on labs of
-# their modules' own (own_lab): the lab lanes wait on their nodes as much as they compute, and a lab
-# reserves the ports it prefers (lab/balancer.py), so two booting at once do not collide. The third
-# lane runs the static checks (ruff, ansible-lint, ansible-test sanity), then every other test.
-# (pytest-xdist's loadgroup cannot keep the session lab's tests on one worker under pytest 9.)
-# pytest's exit status 5 is "nothing selected" for one lane. The third lane's static checks write
-# their status to $static_rc_file, its pytest's is the lane's own.
+# Two lanes side by side, one per core; the second's output is printed after the first's. The
+# tests that boot labs (marker needs_lab: the session's lab and the modules with labs of their own,
+# whose playbook runs wait on the nodes as much as they compute) start at once; the other lane runs
+# the static checks (ruff, ansible-lint, ansible-test sanity), then every other test. (pytest-xdist's
+# loadgroup cannot keep the session lab's tests on one worker under pytest 9.) pytest's exit status
+# 5 is "nothing selected" for one lane. The lane's static checks write their status to $static_rc_file,
+# its pytest's is the lane's own.
 static_and_rest() {
   local rc=0
   echo "== ruff (ruff.toml)"
@@ -45,34 +44,24 @@ static_and_rest() {
   echo "$rc" >"$static_rc_file"
   return "$pytest_rc"
 }
-own_labs() {
-  echo "== pytest, the tests on labs of their own"
-  python -m pytest -p no:cacheprovider --durations=20 -m own_lab "$@"
-}
 rest_log=$(mktemp)
-own_log=$(mktemp)
 static_rc_file=$(mktemp)
 static_and_rest "$@" >"$rest_log" 2>&1 &
 rest=$!
-own_labs "$@" >"$own_log" 2>&1 &
-own=$!
-echo "== pytest, the tests on the session's lab"
-python -m pytest -p no:cacheprovider --durations=20 -m "needs_lab and not own_lab" "$@"
+echo "== pytest, the tests that boot labs"
+python -m pytest -p no:cacheprovider --durations=20 -m needs_lab "$@"
 labs_rc=$?
-wait "$own"
-own_rc=$?
 wait "$rest"
 rest_pytest_rc=$?
-cat "$own_log" "$rest_log"
+cat "$rest_log"
 static_rc=$(<"$static_rc_file")
 static_rc=${static_rc:-1} # no status written: the lane died before its end
-rm -f "$rest_log" "$own_log" "$static_rc_file"
+rm -f "$rest_log" "$static_rc_file"
 ((static_rc == 0)) || failed+=("static checks (ruff, ansible-lint or sanity: see above)")
-if ((labs_rc == 5 && own_rc == 5 && rest_pytest_rc == 5)); then
+if ((labs_rc == 5 && rest_pytest_rc == 5)); then
   failed+=("pytest (no test selected)")
 else
-  ((labs_rc == 0 || labs_rc == 5)) || failed+=("pytest (the session's lab)")
-  ((own_rc == 0 || own_rc == 5)) || failed+=("pytest (labs of their own)")
+  ((labs_rc == 0 || labs_rc == 5)) || failed+=("pytest (labs)")
   ((rest_pytest_rc == 0 || rest_pytest_rc == 5)) || failed+=("pytest (no lab)")
 fi
 if ((${#failed[@]})); then

@@ -99,7 +99,7 @@ def free_port(preferred=0):
 #: The preferred ports the labs of this host took, one file per port naming the lab's state
 #: directory: HAProxy binds the exporter's a few seconds after `lab up` chose it, the decider its own
 #: only when site.yml installs it, minutes later, so a port that is free now may still be another
-#: lab's (two labs brought up at once, as the test command's lab lanes do).
+#: lab's (two labs brought up at once: two pytest runs, `-m own_lab` beside the session's lab).
 RESERVED_PORTS = Path("/run/gpufleet-lab/ports")
 
 

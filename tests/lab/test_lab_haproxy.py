@@ -165,7 +165,7 @@ def test_config_server_lines(tmp_path):
 
 
 def test_a_preferred_port_another_live_lab_reserved_is_not_taken(tmp_path, monkeypatch):
-    """Two labs brought up at once (the test command's two lab lanes): the first takes the preferred
+    """Two labs brought up at once (two pytest runs side by side): the first takes the preferred
     port, the second, while the first lab's state is there, gets another free one; once the first is
     down (its `ssh` directory gone) the port is the next lab's."""
     monkeypatch.setattr(balancer, "RESERVED_PORTS", tmp_path / "ports")

@@ -13,8 +13,8 @@ gpu_health role at every boot and by the node's gpufleet-gpu-health-watch when a
 serving) counts only when it carries the current boot id: then anything but ``"passed": true``
 keeps the node out, as does a verdict file that cannot be read. No verdict, or one of an earlier
 boot, leaves the decision to the gate's marker. Where the node runs the serving prober
-(lb_registration), the agent also reads its record (serving/_probe_record, beside the marker): an engine
-that is wedged or down, or a record missing, stale or unreadable, keeps the node out.
+(lb_registration), the agent also reads its record (serving/_probe_record, beside the marker): an
+engine that is wedged or down, or a record missing, stale or unreadable, keeps the node out.
 
 The records the gate writes are built here too, beside the rule that reads them (``gate_records``:
 the full result and the marker, from the ``nccl_allreduce`` result); their fields are listed in
@@ -197,8 +197,8 @@ def agent_verdict(marker_path, boot_id_path, health_path=None, probe_path=None, 
     every reason in full (what the agent logs to the node's journal).
 
     ``health_path`` defaults to :func:`health_path_for` the marker. ``probe_path``: the serving
-    probe's record (serving/_probe_record), read where the node's prober runs; then a record of this
-    boot, at most ``probe_max_age`` seconds old, must say the engine serves (``serving`` or
+    probe's record (serving/_probe_record), read where the node's prober runs; then a record of
+    this boot, at most ``probe_max_age`` seconds old, must say the engine serves (``serving`` or
     ``busy``): ``engine-wedged``, ``engine-down``, ``probe-missing``, ``probe-stale`` and
     ``probe-unreadable`` otherwise. Without it the engine is not judged here (no prober: the
     balancer's health check alone judges the server).

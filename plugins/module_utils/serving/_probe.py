@@ -32,8 +32,8 @@ down       refused, an answer other than 200, or metrics that cannot be read aft
 =========  ===================================================================================
 
 The probe record the prober writes, and its judgement by the readiness rule, are
-``serving/_probe_record`` (standard library only: the balancer's agent reads it on every check). Standard library only besides the optional
-prometheus_client; no Ansible. Runs on the node's Python 3.9+.
+``serving/_probe_record`` (the balancer's agent reads it on every check). Standard library only
+besides the optional prometheus_client; no Ansible. Runs on the node's Python 3.9+.
 """
 
 from __future__ import annotations

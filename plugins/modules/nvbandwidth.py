@@ -268,28 +268,13 @@ stdout:
   type: str
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.node.plugins.module_utils.common import _proc
 from ansible_collections.gpufleet.node.plugins.module_utils.diag import _copy_judge, _copy_run, _nvbandwidth
 
-SEARCH_DIRS = ["/usr/local/bin", "/opt/nvbandwidth"]
-
-
-def find_binary(module, binary):
-    """``(path, None)``, or ``(None, why not)``: a bare name is looked up in PATH and SEARCH_DIRS."""
-    if os.sep not in binary:
-        found = module.get_bin_path(binary, opt_dirs=SEARCH_DIRS)
-        if found:
-            return found, None
-        return None, "%s is not installed (not on PATH, %s): build it from github.com/NVIDIA/nvbandwidth" % (
-            binary,
-            ", ".join(SEARCH_DIRS),
-        )
-    if os.path.isfile(binary) and os.access(binary, os.X_OK):
-        return binary, None
-    return None, "%s is not an executable file" % binary
+SEARCH_DIRS = ("/usr/local/bin", "/opt/nvbandwidth")
+INSTALL_HINT = "build it from github.com/NVIDIA/nvbandwidth"
 
 
 def main():
@@ -321,7 +306,7 @@ def main():
     for name in ("timeout", "buffer_size", "iterations"):
         if p[name] is not None and p[name] < 1:
             module.fail_json(msg="%s must be at least 1, got %d" % (name, p[name]))
-    binary, missing = find_binary(module, p["binary"])
+    binary, missing = _proc.find_executable(p["binary"], SEARCH_DIRS, INSTALL_HINT)
     if binary is None:
         module.exit_json(**_copy_run.unavailable(missing))
     if module.check_mode:

@@ -362,26 +362,12 @@ msg:
   type: str
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.node.plugins.module_utils.common import _proc
 from ansible_collections.gpufleet.node.plugins.module_utils.fabric import _run
 
-SEARCH_DIRS = ["/usr/sbin", "/sbin", "/usr/bin"]
-
-
-def binary(module, path):
-    """``(path, None)`` of a tool, or ``(None, why not)``; a bare name is looked up."""
-    if os.sep not in path:
-        found = module.get_bin_path(path, opt_dirs=SEARCH_DIRS)
-        return (
-            (found, None) if found else (None, "%s is not installed (not on PATH, %s)" % (path, ", ".join(SEARCH_DIRS)))
-        )
-    if os.path.isfile(path) and os.access(path, os.X_OK):
-        return path, None
-    return None, "%s is not an executable file" % path
+SEARCH_DIRS = ("/usr/sbin", "/sbin", "/usr/bin")
 
 
 def runner(timeout):
@@ -419,7 +405,7 @@ def main():
     p = module.params
     if p["timeout"] <= 0:
         module.fail_json(msg="timeout must be a positive number of seconds, not %d" % p["timeout"])
-    binaries = {name: binary(module, p[name]) for name in ("ibv_devinfo", "ibstat")}
+    binaries = {name: _proc.find_executable(p[name], SEARCH_DIRS) for name in ("ibv_devinfo", "ibstat")}
     try:
         result = _run.run(p, binaries, runner(p["timeout"]), write_record=not module.check_mode)
     except _run.FabricError as exc:

@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import collections
 import os
+import shutil
 import signal
 import subprocess
 import time
+
+#: Where a bare command name is looked for after ``PATH`` (as Ansible's ``get_bin_path`` does).
+SBIN_DIRS = ("/sbin", "/usr/sbin", "/usr/local/sbin")
 
 #: ``rc`` is None after a timeout; ``stderr`` is '' when it was merged into ``stdout``.
 Result = collections.namedtuple("Result", "rc stdout stderr timed_out seconds")
@@ -65,3 +69,19 @@ def run(argv, timeout, environment=None, merge_stderr=False):
 def describe_timeout(argv, timeout):
     """The failure text for a command that ran past its deadline."""
     return "`%s` did not finish within %s s; its process group was killed" % (" ".join(str(a) for a in argv), timeout)
+
+
+def find_executable(name, extra_dirs=(), hint=None):
+    """``(path, None)`` of the command ``name``, or ``(None, why not)``. A bare name is looked up in
+    ``PATH``, the sbin directories and ``extra_dirs``; a path must be an executable file. ``hint``
+    (how to install it) ends the reason when a bare name is not found."""
+    if os.sep not in name:
+        dirs = [os.environ.get("PATH", os.defpath)] + list(SBIN_DIRS) + list(extra_dirs)
+        found = shutil.which(name, path=os.pathsep.join(dirs))
+        if found:
+            return found, None
+        why = "%s is not installed (not on PATH, %s)" % (name, ", ".join(extra_dirs or SBIN_DIRS))
+        return None, why + (": " + hint if hint else "")
+    if os.path.isfile(name) and os.access(name, os.X_OK):
+        return name, None
+    return None, "%s is not an executable file" % name

@@ -21,6 +21,8 @@ channel: no stand-in takes a fault from its profile or its environment.  What th
   mismatch, no devices; a GPU `lost`: fallen off the bus, no handle for it);
 * how all_reduce_perf misbehaves (`allreduce`: wrong results, a hang, a run killed mid-table, an
   NCCL failure at start, or every figure slow);
+* per GPU, what only DCGM's active tests find (`dcgm`: `memory`, `pcie`): `dcgmi diag` level 2
+  and up fails its GPU Memory or PCIe test, while nothing nvidia-smi or NVML shows changes;
 * a wedged vLLM engine (`engine_wedge`: when it wedged): the vLLM stand-in started before that
   time keeps answering `/health` and `/metrics` while its completions never return and its
   counters freeze; a stand-in started after it (a restart of the server unit) serves again.
@@ -29,8 +31,9 @@ A reboot (`reboot()`, called by `Node.reset_firmware`) clears what a reboot clea
 boot's kernel log goes, a pending row remap is applied (the remapped count rises), volatile
 ECC counts reset, the fabric manager runs again if it is enabled, nvidia_peermem is loaded again
 where it is configured.  Hardware stays as it is: NVLink links down, HW slowdown, a link trained
-down, the AER counts of a flaky link, aggregate ECC counts and remapped rows (InfoROM); the
-driver faults, a lost GPU and all_reduce_perf's misbehaviour stay too, until `clear`.
+down, DCGM's memory and PCIe faults, the AER counts of a flaky link, aggregate ECC counts and
+remapped rows (InfoROM); the driver faults, a lost GPU and all_reduce_perf's misbehaviour stay
+too, until `clear`.
 
 Like node.py, this module is independent of the collection's parsers and checks: the lab is the
 independent oracle the module is tested against.
@@ -71,6 +74,8 @@ KINDS = (
     "allreduce-crash",
     "allreduce-slow",
     "engine-wedge",
+    "dcgm-memory",
+    "dcgm-pcie",
     "clear",
 )
 #: Faults of the driver as nvidia-smi and NVML meet it (the state's `driver`).
@@ -226,6 +231,7 @@ def default_gpu():
         "nvlinks_down": [],
         "width_degraded": None,
         "lost": False,
+        "dcgm": [],
     }
 
 
@@ -527,6 +533,15 @@ def inject(root, data, kind, gpu=0, code=None):
     elif kind == "gpu-lost":
         g["lost"] = True
         what = "GPU %d (%s) fell off the bus: no device handle for it" % (gpu, rec["bdf"])
+    elif kind in ("dcgm-memory", "dcgm-pcie"):
+        # faults only DCGM's active tests find: nothing nvidia-smi or NVML shows changes
+        found = kind[len("dcgm-") :]
+        if found not in g.setdefault("dcgm", []):
+            g["dcgm"].append(found)
+        what = "GPU %d fails DCGM's %s test (dcgmi diag -r 2 and up)" % (
+            gpu,
+            "GPU Memory" if found == "memory" else "PCIe",
+        )
     else:  # allreduce-*
         state["allreduce"] = kind[len(ALLREDUCE_PREFIX) :]
         what = "all_reduce_perf: %s" % state["allreduce"]

@@ -66,7 +66,7 @@ def parser():
         metavar="KIND",
         help="xid CODE, sxid CODE, remap-pending, ecc-uncorrectable, fabric-manager-stop, nvlink-down, "
         "hw-slowdown, link-degrade, aer, peermem-unload, driver-not-loaded, library-mismatch, no-devices, "
-        "gpu-lost, allreduce-wrong|hang|truncate|crash|slow, engine-wedge, dcgm-memory, dcgm-pcie, clear",
+        "gpu-lost, allreduce-wrong|hang|truncate|crash|slow, engine-wedge, copy-engine-slow, dcgm-memory, dcgm-pcie, clear",
     )
     ft.add_argument("code", nargs="?", type=int, help="the Xid or SXid code (xid and sxid only)")
     ft.add_argument(

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """`python -m lab fault NODE KIND [CODE] [--gpu N]`: faults on a lab node (GPU health, the
-driver, all_reduce_perf's misbehaviour, a wedged vLLM engine: `engine-wedge`, what only DCGM's
-active tests find: `dcgm-memory`, `dcgm-pcie`).
+driver, all_reduce_perf's misbehaviour, a wedged vLLM engine: `engine-wedge`, slow copy engines:
+`copy-engine-slow`, what only DCGM's active tests find: `dcgm-memory`, `dcgm-pcie`).
 
 The fault is written into the node's hardware model (lab/hwmodel/health.py), the lab's one fault
 channel, which every stand-in reads on every call: it takes effect at once, as on a live machine,

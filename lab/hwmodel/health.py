@@ -21,6 +21,8 @@ channel: no stand-in takes a fault from its profile or its environment.  What th
   mismatch, no devices; a GPU `lost`: fallen off the bus, no handle for it);
 * how all_reduce_perf misbehaves (`allreduce`: wrong results, a hang, a run killed mid-table, an
   NCCL failure at start, or every figure slow);
+* per GPU, slow copy engines (`copy_engine_slow`): every copy nvbandwidth measures to, from or
+  between it falls behind, while nothing nvidia-smi or NVML shows changes;
 * per GPU, what only DCGM's active tests find (`dcgm`: `memory`, `pcie`): `dcgmi diag` level 2
   and up fails its GPU Memory or PCIe test, while nothing nvidia-smi or NVML shows changes;
 * a wedged vLLM engine (`engine_wedge`: when it wedged): the vLLM stand-in started before that
@@ -31,9 +33,9 @@ A reboot (`reboot()`, called by `Node.reset_firmware`) clears what a reboot clea
 boot's kernel log goes, a pending row remap is applied (the remapped count rises), volatile
 ECC counts reset, the fabric manager runs again if it is enabled, nvidia_peermem is loaded again
 where it is configured.  Hardware stays as it is: NVLink links down, HW slowdown, a link trained
-down, DCGM's memory and PCIe faults, the AER counts of a flaky link, aggregate ECC counts and
-remapped rows (InfoROM); the driver faults, a lost GPU and all_reduce_perf's misbehaviour stay
-too, until `clear`.
+down, slow copy engines, DCGM's memory and PCIe faults, the AER counts of a flaky link,
+aggregate ECC counts and remapped rows (InfoROM); the driver faults, a lost GPU and
+all_reduce_perf's misbehaviour stay too, until `clear`.
 
 Like node.py, this module is independent of the collection's parsers and checks: the lab is the
 independent oracle the module is tested against.
@@ -74,6 +76,7 @@ KINDS = (
     "allreduce-crash",
     "allreduce-slow",
     "engine-wedge",
+    "copy-engine-slow",
     "dcgm-memory",
     "dcgm-pcie",
     "clear",
@@ -231,6 +234,7 @@ def default_gpu():
         "nvlinks_down": [],
         "width_degraded": None,
         "lost": False,
+        "copy_engine_slow": False,
         "dcgm": [],
     }
 
@@ -533,6 +537,9 @@ def inject(root, data, kind, gpu=0, code=None):
     elif kind == "gpu-lost":
         g["lost"] = True
         what = "GPU %d (%s) fell off the bus: no device handle for it" % (gpu, rec["bdf"])
+    elif kind == "copy-engine-slow":
+        g["copy_engine_slow"] = True
+        what = "the copy engines of GPU %d are slow: its host and peer copies (nvbandwidth) fall behind" % gpu
     elif kind in ("dcgm-memory", "dcgm-pcie"):
         # faults only DCGM's active tests find: nothing nvidia-smi or NVML shows changes
         found = kind[len("dcgm-") :]

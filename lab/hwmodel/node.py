@@ -238,6 +238,11 @@ class Node:
         """Whether model GPU i fell off the bus (no device handle for it)."""
         return bool(self.gpu_health(i, state).get("lost"))
 
+    def copy_engine_slow(self, i, state=None):
+        """Whether model GPU i's copy engines are slow (`lab fault NODE copy-engine-slow --gpu i`):
+        what nvbandwidth measures to, from or between it falls behind."""
+        return bool(self.gpu_health(i, state).get("copy_engine_slow"))
+
     def allreduce_fault(self, state=None):
         """None, or how all_reduce_perf misbehaves: wrong, hang, truncate, crash or slow."""
         return (state or self.health).get("allreduce")

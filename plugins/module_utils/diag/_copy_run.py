@@ -114,7 +114,9 @@ def measure(binary, p, run):
     if timed_out:
         run_problems.append((_proc.describe_timeout(argv, p["timeout"]), _verdict.INSPECT))
     elif rc != 0:
+        # its own error lines; without any, what it printed last (a CUDA failure before any testcase)
         last = [e for entry in parsed["testcases"].values() for e in entry["errors"]] + parsed["errors"]
+        last = last or parsed["other_lines"]
         run_problems.append(
             (
                 "nvbandwidth exited %d%s" % (rc, ": " + last[-1] if last else ""),

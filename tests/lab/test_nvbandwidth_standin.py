@@ -78,6 +78,20 @@ def test_acs_redirect_leaves_the_peer_cells_without_figures(lab_node):
     assert "a bridge on the path still redirects peer traffic (ACS)" in cells[0]["causes"][0]
 
 
+def test_one_leftover_redirect_is_named_by_the_cells_it_cuts(lab_node):
+    node = lab_node("l40s-4x-switch")
+    clear_acs_redirect(node)
+    port = node.chain(node.gpus[1].bdf)[0]  # the downstream port above GPU 1 alone
+    subprocess.run(["setpci", "-O", "sysfs.path=%s" % node.sysfs, "-s", port, "ECAP_ACS+0x6.w=000c:000c"], check=True)
+    result = copy_check(node)
+    assert result.get("failed")
+    cells = result["slow_cells"]
+    assert {c["cell"] for c in cells} == {
+        "%s:GPU%d->GPU%d" % (_nvbandwidth.PEER_READ, a, b) for a in range(4) for b in range(4) if a != b and 1 in (a, b)
+    }
+    assert all(port in c["causes"][0] for c in cells)
+
+
 def test_a_link_trained_down_fails_its_host_cells(lab_node):
     node = lab_node("l40s-x8-degraded")  # GPU 2 at x8 in its x16 slot
     clear_acs_redirect(node)

@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 
 from tests.harness import modules
+from tests.harness.facts import topology_facts
 
 REPO = Path(__file__).resolve().parents[2]
 STANDIN = REPO / "lab" / "bin" / "all_reduce_perf"
 DATA = REPO / "tests" / "data" / "nccl"
-
-from tests.unit.test_nccl_model import topology_facts  # noqa: E402
 
 
 def run_module(args, check_mode=False):

@@ -12,8 +12,8 @@ import pytest
 
 from ansible_collections.gpufleet.node.plugins.module_utils.diag import _nvbandwidth
 from tests.harness import REPO
+from tests.harness.facts import topology_facts
 from tests.harness.modules import run_module
-from tests.unit.test_nccl_model import topology_facts
 
 STANDIN = REPO / "lab" / "bin" / "nvbandwidth"
 

@@ -9,7 +9,7 @@ import copy
 import pytest
 
 from ansible_collections.gpufleet.node.plugins.module_utils.nccl import _design
-from tests.unit.test_nccl_model import topology_facts
+from tests.harness.facts import topology_facts
 
 
 def facts(node):

@@ -243,6 +243,19 @@ class Node:
         what nvbandwidth measures to, from or between it falls behind."""
         return bool(self.gpu_health(i, state).get("copy_engine_slow"))
 
+    def dcgm_faults(self, i, state=None):
+        """What only DCGM's active tests find on model GPU i (`lab fault NODE dcgm-memory|dcgm-pcie`):
+        a set of `memory`, `pcie`."""
+        return set(self.gpu_health(i, state).get("dcgm") or [])
+
+    def nvlink_path(self, i, j):
+        """(links up now on both GPUs of the pair, per-link rate GB/s), or None without NVLink."""
+        kind = self.link_type(i, j)
+        if not kind.startswith("NV"):
+            return None
+        links = min(int(kind[2:]), self.nvlinks_active(i), self.nvlinks_active(j))
+        return links, min(self.gpus[i].nvlink_gbps, self.gpus[j].nvlink_gbps)
+
     def allreduce_fault(self, state=None):
         """None, or how all_reduce_perf misbehaves: wrong, hang, truncate, crash or slow."""
         return (state or self.health).get("allreduce")

@@ -175,12 +175,12 @@ class Machine:
     def hop(self, a, b):
         """(busbw peak GB/s, transport) between CUDA devices a and b."""
         i, j = self.cuda[a], self.cuda[b]
-        kind = self.node.link_type(i, j)
-        if kind.startswith("NV"):
+        nvlink = self.node.nvlink_path(i, j)
+        if nvlink:
             # Only the links up right now carry traffic (a link down costs its share: 1/18 on H100).
-            links = min(int(kind[2:]), self.node.nvlinks_active(i), self.node.nvlinks_active(j))
-            rate = min(self.node.gpus[i].nvlink_gbps, self.node.gpus[j].nvlink_gbps)
+            links, rate = nvlink
             return links * rate * NVLINK_EFFICIENCY, "P2P/CUMEM/NVLink"
+        kind = self.node.pcie_link_type(i, j)
         gi, gj = self.node.gpus[i], self.node.gpus[j]
         gen = min(gi.gen_current, gj.gen_current)
         width = min(gi.width_current, gj.width_current)

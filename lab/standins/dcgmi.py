@@ -118,10 +118,6 @@ def gpus_of(node, state):
     return [g.index for g in node.gpus if g.driver == "nvidia" and not node.gpu_lost(g.index, state)]
 
 
-def faults(node, i, state):
-    return set(node.gpu_health(i, state).get("dcgm") or [])
-
-
 def failures(node, test, i, state):
     """``[(message, (error_id, category, severity))]`` of ``test`` on GPU ``i`` now."""
     g = node.gpus[i]
@@ -134,7 +130,7 @@ def failures(node, test, i, state):
                 ("GPU %d has uncorrectable memory errors and row remappings are pending" % i, PENDING_ROW_REMAP)
             )
     elif test == "PCIe":
-        if "pcie" in faults(node, i, state):
+        if "pcie" in node.dcgm_faults(i, state):
             found.append(
                 (
                     "Bandwidth of GPU %d in direction h2d of %.2f did not exceed minimum required bandwidth of %.2f."
@@ -158,7 +154,7 @@ def failures(node, test, i, state):
                     PCIE_GENERATION,
                 )
             )
-    elif test in ("GPU Memory", "Memtest") and "memory" in faults(node, i, state):
+    elif test in ("GPU Memory", "Memtest") and "memory" in node.dcgm_faults(i, state):
         found.append(("Found %d faulty memory elements on GPU %d" % (FAULTY_ELEMENTS, i), FAULTY_MEMORY))
     return found
 

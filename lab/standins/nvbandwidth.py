@@ -110,16 +110,15 @@ class Machine:
         """GB/s between model GPUs i and j, or None (N/A) without peer access."""
         if self.node.p2p_status(i, j, "read") != "OK":
             return None
-        kind = self.node.link_type(i, j)
-        if kind.startswith("NV"):
-            links = min(int(kind[2:]), self.node.nvlinks_active(i), self.node.nvlinks_active(j))
-            rate = min(self.node.gpus[i].nvlink_gbps, self.node.gpus[j].nvlink_gbps)
+        nvlink = self.node.nvlink_path(i, j)
+        if nvlink:
+            links, rate = nvlink
             value = links * rate * NVLINK_EFFICIENCY
         else:
             gi, gj = self.node.gpus[i], self.node.gpus[j]
             gen = min(gi.gen_current, gj.gen_current)
             width = min(gi.width_current, gj.width_current)
-            value = HOST_X16_GBPS.get(gen, 1.0) * width / 16.0 * PATH_FACTOR[kind]
+            value = HOST_X16_GBPS.get(gen, 1.0) * width / 16.0 * PATH_FACTOR[self.node.pcie_link_type(i, j)]
         return self._noisy(value * self._slow(i, j))
 
     def matrix(self, testcase):
